@@ -1,0 +1,193 @@
+"""Configuration of litellm-kv: typed dataclasses, one per concern, each field documented.
+
+The settings live in the LiteLLM ``config.yaml`` under a top-level ``litellm_kv:`` key (LiteLLM
+ignores keys it does not know), or in a separate YAML file named by the environment variable
+``LITELLM_KV_CONFIG``. Every field carries its documentation in ``metadata["doc"]``; the
+configuration reference in ``docs/configuration.md`` is generated from these docstrings
+(``python -m litellm_kv.cli config-reference``) and a test checks they agree.
+
+Feature modules declare their own section dataclasses and parse them with :func:`parse_section`;
+unknown keys and wrongly typed values are a :class:`~litellm_kv.errors.ConfigError` naming the path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from litellm_kv.errors import ConfigError
+
+T = TypeVar("T")
+
+CONFIG_ENV = "LITELLM_KV_CONFIG"
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its documentation attached (``metadata["doc"]``)."""
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def _check_type(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _check_type(value, arm, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{path}: {value!r} does not match {tp}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
+        (arg,) = typing.get_args(tp)[:1] or (Any,)
+        items = [_check_type(v, arg, f"{path}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        kt, vt = typing.get_args(tp) or (Any, Any)
+        return {_check_type(k, kt, path): _check_type(v, vt, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return parse_section(tp, value, path)  # type: ignore[type-var]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def parse_section(cls: type[T], data: Any, path: str) -> T:
+    """Build dataclass ``cls`` from a mapping, checking keys and types; errors name ``path``."""
+    if data is None:
+        data = {}
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
+    kwargs = {name: _check_type(value, hints[name], f"{path}.{name}") for name, value in data.items()}
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        try:
+            validate()
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    return obj
+
+
+@dataclass(slots=True)
+class ModelGroupSettings:
+    """litellm-kv settings of one LiteLLM model group (``litellm_kv.model_groups.<name>``)."""
+
+    routing: typing.Literal["kv", "affinity", "none"] = doc(
+        "Replica choice for this group: 'kv' routes on the engines' KV events (vLLM deployments), "
+        "'affinity' pins conversations to deployments for providers without KV events, 'none' leaves "
+        "LiteLLM's own routing untouched.",
+        default="none",
+    )
+    kv: dict[str, Any] = doc(
+        "KV-aware routing options (see 'kv' section of the reference).", default_factory=dict
+    )
+    affinity: dict[str, Any] = doc(
+        "Prompt-cache affinity options (see 'affinity' section).", default_factory=dict
+    )
+    reasoning: dict[str, Any] = doc(
+        "Group defaults for reasoning budgets (same schema as key metadata 'reasoning').",
+        default_factory=dict,
+    )
+    vision: dict[str, Any] = doc(
+        "Group defaults and model family for visual-token limits (see 'vision' section).",
+        default_factory=dict,
+    )
+
+
+@dataclass(slots=True)
+class Settings:
+    """Top-level litellm-kv settings (``litellm_kv:`` in the LiteLLM config)."""
+
+    mode: typing.Literal["embedded", "shared"] = doc(
+        "'embedded': KV-event subscribers and the index run inside the proxy process (one proxy, "
+        "nothing else to run). 'shared': indexer processes write Redis and every proxy reads it.",
+        default="embedded",
+    )
+    redis_url: str | None = doc(
+        "Redis URL for shared mode, period budgets and cross-proxy load (redis://[:password@]host:port/db, "
+        "rediss:// for TLS). Falls back to the environment variable LITELLM_KV_REDIS_URL.",
+        default=None,
+    )
+    metadata_key: str = doc(
+        "Key of the litellm-kv object inside virtual-key and team metadata.", default="litellm_kv"
+    )
+    salt_secret_env: str = doc(
+        "Environment variable holding the secret used to derive per-tenant cache_salt values.",
+        default="LITELLM_KV_SALT_SECRET",
+    )
+    model_groups: dict[str, ModelGroupSettings] = doc(
+        "Per model-group settings, keyed by the LiteLLM model_name.", default_factory=dict
+    )
+
+    def group(self, name: str) -> ModelGroupSettings | None:
+        return self.model_groups.get(name)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Load settings from ``path`` (a LiteLLM config with a ``litellm_kv`` key, or a bare section)."""
+    if path is None:
+        path = os.environ.get(CONFIG_ENV)
+    if path is None:
+        return Settings()
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read litellm-kv config {p}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+    if isinstance(raw, dict) and "litellm_kv" in raw:
+        raw = raw["litellm_kv"]
+    settings = parse_section(Settings, raw, "litellm_kv")
+    if settings.redis_url is None:
+        settings.redis_url = os.environ.get("LITELLM_KV_REDIS_URL")
+    return settings

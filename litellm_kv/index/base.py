@@ -1,0 +1,99 @@
+"""The index Protocol every backend implements.
+
+Data model: per model group, for each replica, a reference count per (block hash, tier).
+Hashes are the 64-bit *wire* form vLLM publishes in KV events by default
+(:meth:`litellm_kv.hashing.BlockHasher.to_wire`); events that carry raw digests are converted
+to that form before they reach an index. A block is present on a replica while its count
+on some tier is > 0: the engine can hold several physical copies of one hash, each announced
+by its own ``BlockStored`` and evicted by its own ``BlockRemoved`` (vllm-contract.md §9), so a
+set would under-predict.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class Tier(enum.IntEnum):
+    """Where a cached block lives; lower is faster. Matches vLLM's ``medium`` strings."""
+
+    GPU = 0
+    CPU = 1
+    STORAGE = 2
+
+
+def tier_of_medium(medium: str | None) -> Tier:
+    """Map a KV event's ``medium`` to a tier; ``None`` (older engines) means GPU."""
+    if medium is None:
+        return Tier.GPU
+    try:
+        return Tier[medium.upper()]
+    except KeyError:
+        return Tier.STORAGE
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaMatch:
+    """Leading blocks of a prompt one replica holds, split by the fastest tier holding each."""
+
+    gpu: int = 0
+    cpu: int = 0
+    storage: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return self.gpu + self.cpu + self.storage
+
+
+@dataclass(slots=True, frozen=True)
+class BlockOp:
+    """One index mutation, derived from a KV event: +1/-1 reference of ``hashes`` on ``tier``."""
+
+    hashes: tuple[int, ...]
+    tier: Tier
+    delta: int  # +1 for BlockStored, -1 for BlockRemoved
+
+
+@runtime_checkable
+class KVIndex(Protocol):
+    """Which replica of a model group holds which block on which tier."""
+
+    async def apply(self, group: str, replica: str, ops: Iterable[BlockOp]) -> int:
+        """Apply stored/removed operations for one replica; returns the number of hashes touched.
+
+        Removing a hash whose count is already 0 is a no-op (events can be replayed twice).
+        """
+        ...
+
+    async def purge_replica(self, group: str, replica: str) -> int:
+        """Drop every entry of one replica in one step (engine restart, AllBlocksCleared,
+        replica removed). Returns the number of entries dropped."""
+        ...
+
+    async def lookup(
+        self, group: str, block_hashes: Sequence[int], replicas: Sequence[str] | None = None
+    ) -> dict[str, ReplicaMatch]:
+        """Leading matched blocks of the chain ``block_hashes`` for each replica (all known
+        replicas of the group when ``replicas`` is None). Chained hashes: the walk stops at a
+        replica's first missing block. Replicas with no match may be omitted."""
+        ...
+
+    async def replicas(self, group: str) -> list[str]:
+        """Replicas of a group that have entries or a live heartbeat."""
+        ...
+
+    async def heartbeat(self, group: str, replica: str, ttl_s: float) -> None:
+        """Mark a replica alive for ``ttl_s`` seconds; entries of replicas whose heartbeat
+        expired are dropped by :meth:`expire`."""
+        ...
+
+    async def expire(self) -> list[tuple[str, str]]:
+        """Purge replicas whose heartbeat expired; returns the (group, replica) pairs purged."""
+        ...
+
+    async def size(self, group: str | None = None) -> int:
+        """Number of (replica, hash) entries held."""
+        ...

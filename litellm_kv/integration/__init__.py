@@ -1,0 +1,1 @@
+"""The only layer that imports LiteLLM: hook adapters, admin routes and the proxy callback."""

@@ -1,0 +1,294 @@
+"""The LiteLLM callback: declare ``litellm_kv.integration.callback.proxy_handler`` in config.yaml.
+
+```yaml
+litellm_settings:
+  callbacks: ["litellm_kv.integration.callback.proxy_handler"]
+```
+
+It fans every hook out to the feature handlers (:mod:`litellm_kv.integration.hooks`) and contains
+their failures: a bug or an unreachable dependency in litellm-kv never fails a request; only a
+deliberate :class:`~litellm_kv.errors.PolicyViolation` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+from litellm.proxy._types import ProxyException
+
+from litellm_kv.config import Settings, load_settings
+from litellm_kv.errors import ConfigError, PolicyViolation
+from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
+from litellm_kv.observability import counter
+
+log = logging.getLogger("litellm_kv")
+
+INTERNAL_ERRORS = counter(
+    "internal_errors", "Exceptions inside litellm-kv that were contained (request continued).", ["handler", "hook"]
+)
+REJECTIONS = counter(
+    "policy_rejections", "Requests rejected by a litellm-kv limit.", ["limit", "status"]
+)
+
+# Order matters in pre_call: vision may downscale (changing prompt tokens) before routing sees them.
+HANDLER_PATHS = (
+    "litellm_kv.integration.vision_hooks:VisionHandler",
+    "litellm_kv.integration.reasoning_hooks:ReasoningHandler",
+    "litellm_kv.integration.affinity_hooks:AffinityHandler",
+    "litellm_kv.integration.routing_hooks:KVRoutingHandler",
+)
+
+
+def _settings_path() -> str | None:
+    path = os.environ.get("LITELLM_KV_CONFIG")
+    if path:
+        return path
+    try:
+        from litellm.proxy import proxy_server
+
+        return getattr(proxy_server, "user_config_file_path", None) or os.environ.get("CONFIG_FILE_PATH")
+    except Exception:  # pragma: no cover - proxy not importable
+        return None
+
+
+def caller_from_auth(user_api_key_dict: Any) -> Caller:
+    """Build a :class:`Caller` from LiteLLM's ``UserAPIKeyAuth``."""
+    return Caller(
+        key_hash=getattr(user_api_key_dict, "token", None),
+        key_alias=getattr(user_api_key_dict, "key_alias", None),
+        team_id=getattr(user_api_key_dict, "team_id", None),
+        team_alias=getattr(user_api_key_dict, "team_alias", None),
+        key_metadata=getattr(user_api_key_dict, "metadata", None) or {},
+        team_metadata=getattr(user_api_key_dict, "team_metadata", None) or {},
+    )
+
+
+def caller_from_request_metadata(metadata: Mapping[str, Any] | None) -> Caller:
+    """Build a :class:`Caller` from the copy LiteLLM puts in ``kwargs["metadata"]`` for router hooks."""
+    md = metadata or {}
+    return Caller(
+        key_hash=md.get("user_api_key_hash") or md.get("user_api_key"),
+        key_alias=md.get("user_api_key_alias"),
+        team_id=md.get("user_api_key_team_id"),
+        team_alias=md.get("user_api_key_team_alias"),
+        key_metadata=md.get("user_api_key_metadata") or {},
+        team_metadata=md.get("user_api_key_team_metadata") or {},
+    )
+
+
+def request_metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's metadata dict as LiteLLM passes it to router-level hooks."""
+    md = data.get("metadata") or data.get("litellm_metadata") or {}
+    return md if isinstance(md, dict) else {}
+
+
+class LiteLLMKV(CustomLogger):
+    """One object LiteLLM calls; it calls the feature handlers in order."""
+
+    def __init__(self, settings: Settings | None = None, handlers: list[Handler] | None = None) -> None:
+        super().__init__()
+        self._settings = settings
+        self._handlers = handlers
+        self._started: asyncio.Lock | None = None
+        self._ready = False
+
+    # -- set-up -----------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = load_settings(_settings_path())
+            except ConfigError:
+                log.exception("litellm-kv: invalid configuration; litellm-kv stays inactive")
+                self._settings = Settings()
+        return self._settings
+
+    @property
+    def handlers(self) -> list[Handler]:
+        if self._handlers is None:
+            handlers: list[Handler] = []
+            for path in HANDLER_PATHS:
+                module_name, _, cls_name = path.partition(":")
+                try:
+                    cls = getattr(importlib.import_module(module_name), cls_name)
+                except (ImportError, AttributeError):
+                    log.exception("litellm-kv: cannot load handler %s", path)
+                    continue
+                handlers.append(cls(self.settings))
+            self._handlers = handlers
+        return self._handlers
+
+    def handler(self, name: str) -> Handler | None:
+        return next((h for h in self.handlers if h.name == name), None)
+
+    async def ensure_started(self) -> None:
+        if self._ready:
+            return
+        if self._started is None:
+            self._started = asyncio.Lock()
+        async with self._started:
+            if self._ready:
+                return
+            for h in self.handlers:
+                try:
+                    await h.startup()
+                except Exception:
+                    INTERNAL_ERRORS.labels(h.name, "startup").inc()
+                    log.exception("litellm-kv: %s failed to start", h.name)
+            self._ready = True
+
+    def _contain(self, h: Handler, hook: str) -> None:
+        INTERNAL_ERRORS.labels(h.name, hook).inc()
+        log.exception("litellm-kv: %s.%s failed; continuing without it", h.name, hook)
+
+    # -- proxy-level hooks (must be defined on this class itself, not inherited) -------------
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> Any:
+        await self.ensure_started()
+        model_group = str(data.get("model") or "")
+        req = ProxyRequest(
+            data=data,
+            caller=caller_from_auth(user_api_key_dict),
+            model_group=model_group,
+            call_type=str(call_type),
+            settings=self.settings,
+            group=self.settings.group(model_group),
+        )
+        for h in self.handlers:
+            if not h.enabled_for(req.group):
+                continue
+            try:
+                await h.pre_call(req)
+            except PolicyViolation as exc:
+                REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
+                log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
+                raise ProxyException(
+                    message=exc.message,
+                    type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
+                    param=exc.limit_name or None,
+                    code=exc.status_code,
+                    headers=dict(exc.headers),
+                ) from None
+            except Exception:
+                self._contain(h, "pre_call")
+        if req.response_headers:
+            request_metadata(data).setdefault("litellm_kv_headers", {}).update(req.response_headers)
+            data.setdefault("metadata", {}).setdefault("litellm_kv_headers", {}).update(req.response_headers)
+        return data
+
+    async def async_post_call_success_hook(self, data: dict, user_api_key_dict: Any, response: Any) -> Any:
+        for h in self.handlers:
+            try:
+                await h.post_success(data, response)
+            except Exception:
+                self._contain(h, "post_success")
+        return response
+
+    async def async_post_call_streaming_iterator_hook(
+        self, user_api_key_dict: Any, response: Any, request_data: dict
+    ) -> AsyncGenerator[Any, None]:
+        async for chunk in response:
+            for h in self.handlers:
+                try:
+                    await h.stream_chunk(request_data, chunk)
+                except Exception:
+                    self._contain(h, "stream_chunk")
+            yield chunk
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict,
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+        litellm_call_info: dict[str, Any] | None = None,
+    ) -> dict[str, str] | None:
+        headers: dict[str, str] = {}
+        md = data.get("metadata") if isinstance(data.get("metadata"), dict) else None
+        if md and isinstance(md.get("litellm_kv_headers"), dict):
+            headers.update(md["litellm_kv_headers"])
+        for h in self.handlers:
+            try:
+                headers.update(await h.response_headers(data, response))
+            except Exception:
+                self._contain(h, "response_headers")
+        return headers or None
+
+    # -- router-level hooks --------------------------------------------------------------------
+    async def async_filter_deployments(
+        self,
+        model: str,
+        healthy_deployments: list,
+        messages: Any,
+        request_kwargs: dict | None = None,
+        parent_otel_span: Any = None,
+    ) -> list[dict]:
+        await self.ensure_started()
+        chosen: list[dict] | None = None
+        for h in self.handlers:
+            if chosen is not None:
+                break
+            try:
+                chosen = await h.filter_deployments(model, healthy_deployments, messages, request_kwargs or {})
+            except Exception:
+                self._contain(h, "filter_deployments")
+        return chosen if chosen else healthy_deployments
+
+    async def async_pre_call_deployment_hook(self, kwargs: dict, call_type: Any) -> dict | None:
+        for h in self.handlers:
+            try:
+                await h.pre_deployment(kwargs)
+            except Exception:
+                self._contain(h, "pre_deployment")
+        return kwargs
+
+    async def async_post_call_success_deployment_hook(
+        self, request_data: dict, response: Any, call_type: Any
+    ) -> Any:
+        for h in self.handlers:
+            try:
+                await h.post_success_deployment(request_data, response)
+            except Exception:
+                self._contain(h, "post_success_deployment")
+        return response
+
+    async def async_post_call_streaming_deployment_hook(
+        self, request_data: dict, response_chunk: Any, call_type: Any
+    ) -> Any:
+        for h in self.handlers:
+            try:
+                await h.stream_chunk_deployment(request_data, response_chunk)
+            except Exception:
+                self._contain(h, "stream_chunk_deployment")
+        return response_chunk
+
+    async def async_post_call_failure_deployment_hook(
+        self, request_data: Any, exception: Exception, call_type: Any, fallback_depth: int | None = None
+    ) -> None:
+        for h in self.handlers:
+            try:
+                await h.post_failure_deployment(request_data, exception)
+            except Exception:
+                self._contain(h, "post_failure_deployment")
+
+    async def async_log_success_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        for h in self.handlers:
+            try:
+                await h.log_success(kwargs, response_obj)
+            except Exception:
+                self._contain(h, "log_success")
+
+    async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        for h in self.handlers:
+            try:
+                await h.log_failure(kwargs, response_obj)
+            except Exception:
+                self._contain(h, "log_failure")
+
+
+proxy_handler = LiteLLMKV()

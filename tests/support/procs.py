@@ -1,0 +1,111 @@
+"""Start and stop server processes for tests: free ports, bounded waits, stop by PID only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / ".artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ManagedProcess:
+    """A child process in its own session, logged to a file, stopped by PID (its group)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.log_path = ARTIFACTS / f"{name}-{os.getpid()}-{int(time.time() * 1000)}.log"
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_until(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) while waiting for {what}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                if check():
+                    return
+            except Exception:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.name}: {what} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def wait_http(self, url: str, timeout: float, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        def ok() -> bool:
+            return httpx.get(url, timeout=2.0, headers=dict(headers or {})).status_code == status
+
+        self.wait_until(ok, timeout, f"GET {url}")
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+PYTHON = sys.executable
