@@ -1,0 +1,100 @@
+"""Options of KV-aware routing for one model group (``litellm_kv.model_groups.<g>.kv``)."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from litellm_kv.config import doc
+
+HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+
+
+@dataclass(slots=True)
+class KVRoutingOptions:
+    """KV-aware routing of one model group whose deployments are vLLM replicas."""
+
+    shadow: bool = doc(
+        "Shadow mode: compute and record the decision and its predicted hit, but let LiteLLM route as it "
+        "would have. Metrics then show what routing would have achieved (the mirrored-traffic trial).",
+        default=False,
+    )
+    tokenizer: typing.Literal["auto", "engine", "local"] = doc(
+        "How prompts are tokenized. 'engine': POST /tokenize on a replica (exact, one round trip). 'local': "
+        "tokenizer_path's tokenizer.json + chat template, verified against /tokenize at start-up. 'auto': "
+        "local when tokenizer_path is set and verification passed, else engine.",
+        default="auto",
+    )
+    tokenizer_path: str | None = doc(
+        "Directory of the served model's tokenizer (tokenizer.json, tokenizer_config.json with chat_template).",
+        default=None,
+    )
+    verify_every: int = doc(
+        "With a local tokenizer, compare its tokens with the engine's /tokenize on 1 request in N "
+        "(in the background). A mismatch switches the group to the engine path. 0 disables sampling.",
+        default=100,
+    )
+    block_size: int | None = doc(
+        "KV block size of the replicas. None: read from each replica's vllm:cache_config_info "
+        "(never assumed). When set and a replica reports another value, the group is marked not exact.",
+        default=None,
+    )
+    hash_algo: HashAlgo | None = doc(
+        "The engines' --prefix-caching-hash-algo. None: read from vllm:cache_config_info.", default=None
+    )
+    hash_seed: str | None = doc(
+        "The engines' PYTHONHASHSEED, if they run with one (it seeds NONE_HASH). It cannot be read from "
+        "the engine: a wrong value makes every prediction miss, which the exactness check then reports.",
+        default=None,
+    )
+    report_mode_full: bool = doc(
+        "Inject vllm_xargs.kv_cache_report_mode='full' so a cache hit re-announces the reused blocks "
+        "(keeps the index's view of recency and late-joined subscribers complete).",
+        default=True,
+    )
+    tenant_isolation: typing.Literal["none", "team", "key"] = doc(
+        "Inject a cache_salt derived (HMAC) from the caller's team or key so tenants never share prefix "
+        "blocks (closes the prefix-cache timing side channel). Routing hashes with the same salt.",
+        default="none",
+    )
+    lora_paths: dict[str, str] = doc(
+        "LoRA adapter name -> path exactly as the engine resolved it (--lora-modules). Adapters not listed "
+        "are looked up in the replica's /v1/models (its 'root' field).",
+        default_factory=dict,
+    )
+    scrape_interval_s: float = doc(
+        "How often each replica's /metrics is scraped for load gauges (waiting, running, KV usage).",
+        default=1.0,
+    )
+    discovery_interval_s: float = doc(
+        "How often replicas that are not ready (unreachable, no event source) are retried.", default=5.0
+    )
+    heartbeat_ttl_s: float = doc(
+        "A replica whose subscriber saw nothing (no batch, no successful scrape) for this long is expired "
+        "from the index.",
+        default=60.0,
+    )
+    exactness_sample_every: int = doc(
+        "Recompute the hash chain of 1 in N BlockStored events from their token ids and compare "
+        "(0 disables). A mismatch marks the replica not exact.",
+        default=10,
+    )
+    engine_timeout_s: float = doc("Timeout of HTTP calls to replicas (tokenize, metrics, discovery).", default=2.0)
+    inflight_ttl_s: float = doc(
+        "In-flight load counted for a request is released after this long even if no completion was seen.",
+        default=600.0,
+    )
+    cost: dict[str, Any] = doc(
+        "Cost-model weights (see docs/routing.md: hit credit per tier, load weights, anti-starvation, "
+        "imbalance guard, temperature, sibling TTL).",
+        default_factory=dict,
+    )
+
+    def validate(self) -> None:
+        if self.block_size is not None and self.block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if self.verify_every < 0 or self.exactness_sample_every < 0:
+            raise ValueError("sampling rates must be >= 0")
+        if self.tokenizer == "local" and not self.tokenizer_path:
+            raise ValueError("tokenizer: local needs tokenizer_path")
