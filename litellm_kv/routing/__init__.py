@@ -1,0 +1,38 @@
+"""Replica choice for KV-routed model groups: cost model, sibling prediction, load tracking.
+
+Domain code: no LiteLLM imports. The integration layer (``litellm_kv.integration.routing_hooks``)
+feeds it index matches, load snapshots and engine gauges and applies the decision.
+"""
+
+from litellm_kv.routing.cost import (
+    Candidate,
+    CostConfig,
+    CostModel,
+    Decision,
+    max_hit_blocks,
+    replica_load,
+)
+from litellm_kv.routing.load import (
+    InMemoryLoadTracker,
+    LoadConfig,
+    LoadTracker,
+    RedisLoadTracker,
+    TrackedLoad,
+)
+from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+
+__all__ = [
+    "Candidate",
+    "CostConfig",
+    "CostModel",
+    "Decision",
+    "InMemoryLoadTracker",
+    "LoadConfig",
+    "LoadTracker",
+    "RedisLoadTracker",
+    "SiblingConfig",
+    "SiblingIndex",
+    "TrackedLoad",
+    "max_hit_blocks",
+    "replica_load",
+]

@@ -1,0 +1,260 @@
+"""The routing cost: predicted cache hits weighed against each replica's load.
+
+Every quantity is in *prefill-token equivalents*: the cost of a replica is roughly the work it
+must finish before this request's first token, i.e. queued prefill tokens plus this request's
+uncached tokens plus a charge for running decode sequences. Cache hits are a credit against
+that work, weighted by the tier holding them. Lowest cost wins.
+
+Differences from Dynamo's cost (which this reproduces when ``credit_decay_tokens = 0``,
+``imbalance_guard = false``, ``recent_weight = 0``):
+
+* **Anti-starvation** (on by default): a replica's cache credit decays with how much more
+  loaded it is than the least-loaded candidate, so a hot prefix spreads before its queue grows
+  as long as the prompt, and an empty new replica wins requests early.
+* **Load that does not vanish between turns**: besides in-flight work, each replica carries a
+  decayed sum of the prefill work recently sent to it (``recent_prefill_tokens``), so paced
+  sessions whose in-flight count is zero between turns still see where work went.
+* **Imbalance guard** (on by default): when the cost's choice is loaded beyond an absolute
+  *and* relative spread over the least-loaded replica, take the least-loaded one.
+* **Unique prefixes** (no predicted hit anywhere) skip the credit computation and go to the
+  least-loaded replica.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from litellm_kv.config import doc
+from litellm_kv.index.base import ReplicaMatch
+
+Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
+
+
+def max_hit_blocks(prompt_tokens: int, block_size: int) -> int:
+    """vLLM recomputes the last prompt token for logits: at most ⌊(L−1)/bs⌋ blocks can hit."""
+    if prompt_tokens <= 0 or block_size <= 0:
+        return 0
+    return (prompt_tokens - 1) // block_size
+
+
+@dataclass(slots=True)
+class CostConfig:
+    """Cost-model weights of one model group (``model_groups.<g>.kv.cost``)."""
+
+    gpu_credit: float = doc("Credit per predicted hit token held in GPU memory.", default=1.0)
+    cpu_credit: float = doc(
+        "Credit per predicted hit token held only in CPU memory (offload tier): it must be copied "
+        "back, which costs part of what recomputing it would.",
+        default=0.75,
+    )
+    storage_credit: float = doc("Credit per predicted hit token held only on disk/remote storage.",
+                                default=0.25)
+    sibling_credit: float = doc(
+        "Credit per token predicted from recent routing decisions (the sibling index) beyond what "
+        "the engine has announced: the blocks of a request routed a moment ago will be cached "
+        "there by the time this one runs. 0 disables sibling prediction.",
+        default=1.0,
+    )
+    prefill_load_scale: float = doc(
+        "Weight of queued and uncached prefill tokens in the cost (Dynamo's prefill_load_scale).",
+        default=1.0,
+    )
+    decode_token_weight: float = doc(
+        "Prefill-token equivalents charged per running decode sequence on a replica (decode "
+        "steps share the batch with prefill and hold KV memory).",
+        default=32.0,
+    )
+    waiting_request_tokens: float = doc(
+        "Prefill tokens assumed per request the engine reports waiting "
+        "(vllm:num_requests_waiting); the larger of this estimate and the router's own in-flight "
+        "prefill tokens is used, so traffic from other routers is counted too.",
+        default=1024.0,
+    )
+    recent_weight: float = doc(
+        "Weight of the decayed sum of prefill tokens recently sent to a replica. Keeps the load "
+        "signal alive between turns of paced sessions, when nothing is in flight. 0 disables it.",
+        default=0.25,
+    )
+    kv_usage_threshold: float = doc(
+        "Engine KV-cache usage (vllm:kv_cache_usage_perc, 0..1) above which a replica is "
+        "penalised: new blocks there evict cached ones or preempt running requests.",
+        default=0.9,
+    )
+    kv_usage_penalty_tokens: float = doc(
+        "Cost added at 100 % KV usage, scaled linearly from the threshold.", default=8192.0
+    )
+    credit_decay_tokens: float = doc(
+        "Anti-starvation: a replica's cache credit is divided by (1 + excess/this), where excess "
+        "is its load above the least-loaded candidate, in prefill tokens. Smaller spreads hot "
+        "prefixes sooner; 0 turns decay off (Dynamo's default behaviour).",
+        default=8192.0,
+    )
+    imbalance_guard: bool = doc(
+        "Switch to the least-loaded replica when the chosen one is loaded beyond both spreads below.",
+        default=True,
+    )
+    imbalance_abs_tokens: float = doc(
+        "Imbalance guard: minimum load excess (prefill tokens) of the chosen replica over the "
+        "least-loaded one before the guard acts.",
+        default=32768.0,
+    )
+    imbalance_ratio: float = doc(
+        "Imbalance guard: minimum ratio of the chosen replica's load to the least-loaded one's.",
+        default=2.0,
+    )
+    temperature: float = doc(
+        "0 picks the lowest cost. Above 0, samples replicas with probability ∝ exp(−cost/(T·L)), "
+        "L the prompt length, spreading near-ties.",
+        default=0.0,
+    )
+
+    def validate(self) -> None:
+        for name in ("gpu_credit", "cpu_credit", "storage_credit", "sibling_credit",
+                     "prefill_load_scale", "decode_token_weight", "waiting_request_tokens",
+                     "recent_weight", "kv_usage_penalty_tokens", "credit_decay_tokens",
+                     "imbalance_abs_tokens", "temperature"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0.0 <= self.kv_usage_threshold <= 1.0:
+            raise ValueError("kv_usage_threshold must be within 0..1")
+        if self.imbalance_ratio < 1.0:
+            raise ValueError("imbalance_ratio must be >= 1")
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One replica the request may go to, with what the router knows about it."""
+
+    replica: str
+    match: ReplicaMatch = field(default_factory=ReplicaMatch)
+    inflight_prefill_tokens: int = 0  # router-tracked, all proxies
+    inflight_decode: int = 0  # router-tracked sequences past their first token
+    engine_waiting: int | None = None  # scraped vllm:num_requests_waiting
+    engine_running: int | None = None  # scraped vllm:num_requests_running
+    kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc
+    sibling_blocks: int = 0  # leading blocks predicted by the sibling index
+    recent_prefill_tokens: float = 0.0  # decayed prefill work recently sent here
+
+
+@dataclass(slots=True)
+class Decision:
+    replica: str
+    reason: Reason
+    predicted_hit_tokens: int
+    scores: dict[str, float]  # replica -> cost (lower is better)
+    hit_tokens: dict[str, int] = field(default_factory=dict)  # replica -> predicted hit tokens
+
+
+def replica_load(cfg: CostConfig, c: Candidate) -> float:
+    """Work a replica has ahead of a new request, in prefill-token equivalents."""
+    prefill = float(c.inflight_prefill_tokens)
+    if c.engine_waiting is not None:
+        prefill = max(prefill, c.engine_waiting * cfg.waiting_request_tokens)
+    decode = c.inflight_decode
+    if c.engine_running is not None:
+        decode = max(decode, c.engine_running)
+    load = cfg.prefill_load_scale * prefill + cfg.decode_token_weight * decode
+    load += cfg.recent_weight * c.recent_prefill_tokens
+    if c.kv_usage is not None and c.kv_usage > cfg.kv_usage_threshold:
+        span = max(1e-9, 1.0 - cfg.kv_usage_threshold)
+        load += cfg.kv_usage_penalty_tokens * min(1.0, (c.kv_usage - cfg.kv_usage_threshold) / span)
+    return load
+
+
+def _capped(match: ReplicaMatch, limit: int) -> tuple[int, int, int]:
+    """Tier counts of the first ``limit`` matched blocks. The index reports counts, not order;
+    the excess is taken from the slowest tier first (offloaded copies trail the GPU ones)."""
+    gpu, cpu, sto = match.gpu, match.cpu, match.storage
+    excess = gpu + cpu + sto - limit
+    for _ in range(3):
+        if excess <= 0:
+            break
+        if sto:
+            cut = min(sto, excess)
+            sto -= cut
+        elif cpu:
+            cut = min(cpu, excess)
+            cpu -= cut
+        else:
+            cut = min(gpu, excess)
+            gpu -= cut
+        excess -= cut
+    return gpu, cpu, sto
+
+
+class CostModel:
+    """Chooses a replica for a prompt. Pure apart from the random source used for ties and
+    temperature sampling (seeded for reproducible simulations)."""
+
+    def __init__(self, cfg: CostConfig | None = None, seed: int | None = None) -> None:
+        self.cfg = cfg or CostConfig()
+        self._rng = random.Random(seed)
+
+    def least_loaded(self, candidates: Sequence[Candidate], reason: Reason = "fallback") -> Decision:
+        """Load-only choice: the cheap path for unique prefixes and the fallback when the index
+        or tokenizer fails."""
+        if not candidates:
+            raise ValueError("no candidates")
+        loads = {c.replica: replica_load(self.cfg, c) for c in candidates}
+        return Decision(self._argmin(loads), reason, 0, loads)
+
+    def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate]) -> Decision:
+        if not candidates:
+            raise ValueError("no candidates")
+        cfg = self.cfg
+        limit = max_hit_blocks(prompt_tokens, block_size)
+        hits: dict[str, int] = {}
+        credit: dict[str, float] = {}
+        for c in candidates:
+            gpu, cpu, sto = _capped(c.match, limit)
+            matched = gpu + cpu + sto
+            extra = 0
+            if cfg.sibling_credit > 0 and c.sibling_blocks > matched:
+                extra = min(c.sibling_blocks, limit) - matched
+            blocks = matched + extra
+            if blocks:
+                hits[c.replica] = blocks * block_size
+                credit[c.replica] = block_size * (
+                    gpu * cfg.gpu_credit + cpu * cfg.cpu_credit + sto * cfg.storage_credit
+                    + extra * cfg.sibling_credit
+                )
+        if not hits:
+            return self.least_loaded(candidates, reason="unique")
+
+        loads = {c.replica: replica_load(cfg, c) for c in candidates}
+        floor = min(loads.values())
+        costs: dict[str, float] = {}
+        for c in candidates:
+            r = c.replica
+            cr = credit.get(r, 0.0)
+            if cr and cfg.credit_decay_tokens > 0:
+                cr /= 1.0 + (loads[r] - floor) / cfg.credit_decay_tokens
+            costs[r] = loads[r] + cfg.prefill_load_scale * max(0.0, prompt_tokens - cr)
+
+        if cfg.temperature > 0:
+            chosen = self._sample(costs, cfg.temperature * max(prompt_tokens, block_size))
+        else:
+            chosen = self._argmin(costs)
+
+        reason: Reason = "cache" if hits.get(chosen, 0) == max(hits.values()) else "load"
+        if cfg.imbalance_guard:
+            excess = loads[chosen] - floor
+            if excess > cfg.imbalance_abs_tokens and loads[chosen] > cfg.imbalance_ratio * floor:
+                chosen = self._argmin(loads)
+                reason = "imbalance"
+        return Decision(chosen, reason, hits.get(chosen, 0), costs, hits)
+
+    def _argmin(self, values: dict[str, float]) -> str:
+        best = min(values.values())
+        ties = [r for r, v in values.items() if v <= best + 1e-9]
+        return ties[0] if len(ties) == 1 else self._rng.choice(ties)
+
+    def _sample(self, costs: dict[str, float], scale: float) -> str:
+        best = min(costs.values())
+        names = list(costs)
+        weights = [math.exp(-(costs[r] - best) / scale) for r in names]
+        return self._rng.choices(names, weights)[0]
