@@ -1,0 +1,478 @@
+"""Shared KV index in Redis: every proxy process reads it, indexer processes write it.
+
+Layout (one model group ``G``; every key carries the hash tag ``{G}``, so Redis Cluster keeps a
+group in one slot and shards by group; scripts only touch keys of one group):
+
+==========================  =====================================================================
+``lkv:{G}:blocks``           hash: 8-byte big-endian block hash -> entries ``;<code>:<count>...``
+                             where ``code = replica_id * 4 + tier``; one field per block, shared
+                             by all replicas holding it (the refcount per (replica, hash, tier))
+``lkv:{G}:rev:<id>``         set: block hashes replica ``id`` holds on any tier (purge in one step)
+``lkv:{G}:ids`` / ``names``  hash: replica name <-> small integer id (ids are never reused)
+``lkv:{G}:hb``               sorted set: replica -> heartbeat deadline (Redis server time, ms)
+``lkv:{G}:streams``          hash: event stream -> ``<last applied seq>|<its ts>`` (HA dedupe)
+``lkv:groups``               set of group names (untagged; read by :meth:`expire` and ``size``)
+==========================  =====================================================================
+
+Round trips: :meth:`lookup` is **one** ``EVALSHA`` for a whole prompt: the script walks the chain
+in chunks of 64 fields and stops when every replica has missed (hashes are chained, so nothing
+after a replica's first miss can hit). :meth:`apply_batch` is one ``EVALSHA`` per event batch.
+``redis-py`` re-sends the script source once after a server restart (``NOSCRIPT``).
+
+High availability: two indexers may feed the same replicas. Refcounts make a plain double apply
+wrong (+2 for one stored block), so batches go through :meth:`apply_batch`, which applies a batch
+only if its ``seq`` is the next one of its stream (``last + 1``) and otherwise reports a duplicate
+(another indexer was faster) or a gap (replay from ``last + 1``). A batch whose ``seq`` is not
+above the last one but whose timestamp is newer starts a new engine lifetime (vLLM restarts its
+``seq`` at 0 and sends no ``AllBlocksCleared``): the replica is purged in the same script.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from litellm_kv.index.base import BlockOp, ReplicaMatch
+
+KEY_PREFIX = "lkv"
+GROUPS_KEY = f"{KEY_PREFIX}:groups"
+LOOKUP_CHUNK = 64
+
+# Shared Lua helpers, prepended to each script (Redis 7 runs Lua 5.1: no goto, no integer type).
+_PRELUDE = r"""
+local function replica_id(ids, names, name, create)
+  local id = redis.call('HGET', ids, name)
+  if id then return tonumber(id) end
+  if not create then return nil end
+  id = redis.call('HINCRBY', names, '#next', 1)
+  redis.call('HSET', ids, name, id)
+  redis.call('HSET', names, id, name)
+  return id
+end
+
+local function holds(v, id)
+  for t = 0, 2 do
+    if string.find(v, ';' .. (id * 4 + t) .. ':', 1, true) then return true end
+  end
+  return false
+end
+
+-- +delta references of hash h by code (replica id * 4 + tier); removing an absent one is a no-op.
+local function bump(blocks, rev, h, id, tier, delta)
+  local v = redis.call('HGET', blocks, h) or ''
+  local code = id * 4 + tier
+  local s, e, n = string.find(v, ';' .. code .. ':(%d+)')
+  local count = tonumber(n or 0) + delta
+  if count < 0 then count = 0 end
+  if not s and count == 0 then return 0 end
+  local entry = ''
+  if count > 0 then entry = ';' .. code .. ':' .. count end
+  if s then v = string.sub(v, 1, s - 1) .. entry .. string.sub(v, e + 1) else v = v .. entry end
+  if v == '' then redis.call('HDEL', blocks, h) else redis.call('HSET', blocks, h, v) end
+  if count > 0 then
+    redis.call('SADD', rev, h)
+  elseif not holds(v, id) then
+    redis.call('SREM', rev, h)
+  end
+  return 1
+end
+
+local function purge(blocks, rev, id)
+  local members = redis.call('SMEMBERS', rev)
+  for _, h in ipairs(members) do
+    local v = redis.call('HGET', blocks, h)
+    if v then
+      for t = 0, 2 do v = string.gsub(v, ';' .. (id * 4 + t) .. ':%d+', '') end
+      if v == '' then redis.call('HDEL', blocks, h) else redis.call('HSET', blocks, h, v) end
+    end
+  end
+  redis.call('DEL', rev)
+  return #members
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# KEYS: blocks, ids, names, streams, groups
+# ARGV: group, rev_prefix, replica, stream, seq, ts, force, then ops:
+#   'C' (all blocks cleared) | 'o<delta>,<tier>,<n>' followed by n 8-byte hashes
+# Returns {status, last_seq, touched, purged}; status: applied | duplicate | gap | restart
+_APPLY = _PRELUDE + r"""
+local blocks, ids, names, streams = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rev_prefix, replica, stream = ARGV[2], ARGV[3], ARGV[4]
+local seq, ts, force = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
+redis.call('SADD', KEYS[5], ARGV[1])
+local id = replica_id(ids, names, replica, true)
+local rev = rev_prefix .. id
+local status, purged = 'applied', 0
+local last = -1
+if seq >= 0 then
+  local st = redis.call('HGET', streams, stream)
+  if st then
+    local sep = string.find(st, '|', 1, true)
+    last = tonumber(string.sub(st, 1, sep - 1))
+    local last_ts = tonumber(string.sub(st, sep + 1))
+    if seq <= last then
+      if ts <= last_ts then return {'duplicate', last, 0, 0} end
+      -- Lower seq, newer time: the engine restarted; its old blocks are gone.
+      purged = purge(blocks, rev, id)
+      status = 'restart'
+      last = -1
+      if seq ~= 0 and not force then
+        redis.call('HSET', streams, stream, '-1|' .. ARGV[6])
+        return {'gap', -1, 0, purged}
+      end
+    elseif seq > last + 1 and not force then
+      return {'gap', last, 0, 0}
+    end
+  elseif seq ~= 0 and not force then
+    return {'gap', -1, 0, 0}
+  end
+  if force and seq ~= last + 1 then
+    -- The missing batches are gone: forget what we knew and re-learn from here.
+    purged = purged + purge(blocks, rev, id)
+    status = 'restart'
+  end
+  redis.call('HSET', streams, stream, seq .. '|' .. ARGV[6])
+end
+local touched = 0
+local i = 8
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'C' then
+    purged = purged + purge(blocks, rev, id)
+    i = i + 1
+  else
+    local d, t, n = string.match(op, '^o(-?%d+),(%d+),(%d+)$')
+    d, t, n = tonumber(d), tonumber(t), tonumber(n)
+    for k = i + 1, i + n do touched = touched + bump(blocks, rev, ARGV[k], id, t, d) end
+    i = i + 1 + n
+  end
+end
+if seq >= 0 then last = seq end
+return {status, last, touched, purged}
+"""
+
+# KEYS: blocks, ids, names   ARGV: n_filter, filter names..., block hashes...
+# Returns a flat list: name, gpu, cpu, storage, name, ...
+_LOOKUP = r"""
+local blocks, ids, names = KEYS[1], KEYS[2], KEYS[3]
+local nf = tonumber(ARGV[1])
+local allow = nil
+if nf > 0 then
+  allow = {}
+  local any = false
+  for i = 2, 1 + nf do
+    local id = redis.call('HGET', ids, ARGV[i])
+    if id then allow[tonumber(id)] = true; any = true end
+  end
+  if not any then return {} end
+end
+local active, done = nil, {}
+local alive = 0
+local i, last = 2 + nf, #ARGV
+local chunk = tonumber(__CHUNK__)
+local stop = false
+while i <= last and not stop do
+  local j = math.min(i + chunk - 1, last)
+  local vals = redis.call('HMGET', blocks, unpack(ARGV, i, j))
+  for k = 1, #vals do
+    local v = vals[k]
+    if not v then stop = true; break end
+    local best = {}
+    for code in string.gmatch(v, ';(%d+):') do
+      code = tonumber(code)
+      local id, tier = math.floor(code / 4), code % 4
+      if (allow == nil or allow[id]) and (best[id] == nil or tier < best[id]) then best[id] = tier end
+    end
+    if active == nil then
+      active = {}
+      for id, tier in pairs(best) do
+        local c = {0, 0, 0}
+        c[tier + 1] = 1
+        active[id] = c
+        alive = alive + 1
+      end
+    else
+      for id, c in pairs(active) do
+        local tier = best[id]
+        if tier == nil then
+          done[id] = c
+          active[id] = nil
+          alive = alive - 1
+        else
+          c[tier + 1] = c[tier + 1] + 1
+        end
+      end
+    end
+    if alive == 0 then stop = true; break end
+  end
+  i = j + 1
+end
+local out = {}
+local function emit(id, c)
+  local name = redis.call('HGET', names, id)
+  if name then
+    table.insert(out, name); table.insert(out, c[1]); table.insert(out, c[2]); table.insert(out, c[3])
+  end
+end
+if active then for id, c in pairs(active) do emit(id, c) end end
+for id, c in pairs(done) do emit(id, c) end
+return out
+""".replace("__CHUNK__", str(LOOKUP_CHUNK))
+
+# KEYS: blocks, ids, names, hb   ARGV: rev_prefix, replica
+_PURGE = _PRELUDE + r"""
+local id = replica_id(KEYS[2], KEYS[3], ARGV[2], false)
+redis.call('ZREM', KEYS[4], ARGV[2])
+if id == nil then return 0 end
+return purge(KEYS[1], ARGV[1] .. id, id)
+"""
+
+# KEYS: hb, groups   ARGV: group, replica, ttl_ms
+_HEARTBEAT = _PRELUDE + r"""
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[3]), ARGV[2])
+return 1
+"""
+
+# KEYS: blocks, ids, names, hb   ARGV: rev_prefix   Returns names purged.
+_EXPIRE = _PRELUDE + r"""
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms())
+for _, name in ipairs(dead) do
+  local id = replica_id(KEYS[2], KEYS[3], name, false)
+  if id then purge(KEYS[1], ARGV[1] .. id, id) end
+  redis.call('ZREM', KEYS[4], name)
+end
+return dead
+"""
+
+# KEYS: names, hb   ARGV: rev_prefix   Returns {name, entries, alive(0/1)} flattened.
+_REPLICAS = _PRELUDE + r"""
+local out = {}
+local seen = {}
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now_ms(), '+inf')
+for _, name in ipairs(live) do seen[name] = 0 end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= '#next' then
+    local n = redis.call('SCARD', ARGV[1] .. all[i])
+    if n > 0 or seen[all[i + 1]] ~= nil then seen[all[i + 1]] = n end
+  end
+end
+for name, n in pairs(seen) do table.insert(out, name); table.insert(out, n) end
+return out
+"""
+
+
+class ApplyStatus(enum.Enum):
+    """What :meth:`RedisIndex.apply_batch` did with a batch."""
+
+    APPLIED = "applied"  # next seq of the stream: applied
+    DUPLICATE = "duplicate"  # already applied (by this or another indexer): skipped
+    GAP = "gap"  # batches missing before it: nothing applied, replay from last_seq + 1
+    RESTART = "restart"  # new engine lifetime or forced resync: replica purged, batch applied
+
+
+@dataclass(slots=True, frozen=True)
+class ApplyResult:
+    status: ApplyStatus
+    last_seq: int  # last seq applied for the stream after this call (-1: none)
+    touched: int  # hashes whose refcount changed
+    purged: int  # (replica, hash) entries dropped by a restart or AllBlocksCleared
+
+
+CLEAR = "C"  # marker in an op list: AllBlocksCleared
+
+
+def group_tag(group: str) -> str:
+    """The hash-tag form of a group name (braces would end the tag early)."""
+    return group.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+@dataclass(slots=True, frozen=True)
+class _GroupKeys:
+    blocks: str
+    ids: str
+    names: str
+    hb: str
+    streams: str
+    rev_prefix: str
+
+    @classmethod
+    def of(cls, group: str) -> _GroupKeys:
+        base = f"{KEY_PREFIX}:{{{group_tag(group)}}}:"
+        return cls(base + "blocks", base + "ids", base + "names", base + "hb", base + "streams", base + "rev:")
+
+
+def _wire(h: int) -> bytes:
+    return (h & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big")
+
+
+def _encode_ops(ops: Iterable[BlockOp | str]) -> list[bytes | str]:
+    args: list[bytes | str] = []
+    for op in ops:
+        if isinstance(op, str):
+            if op != CLEAR:
+                raise ValueError(f"unknown op marker {op!r}")
+            args.append(CLEAR)
+            continue
+        if not op.hashes or op.delta == 0:
+            continue
+        args.append(f"o{op.delta},{int(op.tier)},{len(op.hashes)}")
+        args.extend(_wire(h) for h in op.hashes)
+    return args
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisIndex:
+    """:class:`~litellm_kv.index.base.KVIndex` in Redis (``redis://``, ``rediss://`` for TLS,
+    password and database number from the URL)."""
+
+    def __init__(self, url: str, *, client: aioredis.Redis | None = None, socket_timeout_s: float = 5.0):
+        self.url = url
+        self.client: aioredis.Redis = client or aioredis.from_url(
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
+        )
+        self._apply = self.client.register_script(_APPLY)
+        self._lookup = self.client.register_script(_LOOKUP)
+        self._purge = self.client.register_script(_PURGE)
+        self._heartbeat = self.client.register_script(_HEARTBEAT)
+        self._expire = self.client.register_script(_EXPIRE)
+        self._replicas = self.client.register_script(_REPLICAS)
+        self._keys: dict[str, _GroupKeys] = {}
+        self.round_trips = 0  # client calls sent to Redis (a script or pipeline counts once)
+
+    def _k(self, group: str) -> _GroupKeys:
+        keys = self._keys.get(group)
+        if keys is None:
+            keys = self._keys[group] = _GroupKeys.of(group)
+        return keys
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> bool:
+        self.round_trips += 1
+        return bool(await self.client.ping())
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def apply_batch(
+        self,
+        group: str,
+        replica: str,
+        ops: Iterable[BlockOp | str],
+        *,
+        stream: str | None = None,
+        seq: int = -1,
+        ts: float = 0.0,
+        force: bool = False,
+    ) -> ApplyResult:
+        """Apply one event batch in one round trip, deduplicated by ``(stream, seq)``.
+
+        ``seq < 0`` applies unconditionally. ``force`` accepts a batch after an unrecoverable gap
+        (purging the replica first, since the missed batches may have removed blocks).
+        """
+        k = self._k(group)
+        args: list[bytes | str] = [
+            group, k.rev_prefix, replica, stream or replica, str(seq), repr(float(ts)), "1" if force else "0"
+        ]
+        args.extend(_encode_ops(ops))
+        self.round_trips += 1
+        res = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, GROUPS_KEY], args=args)
+        return ApplyResult(ApplyStatus(_text(res[0])), int(res[1]), int(res[2]), int(res[3]))
+
+    async def apply(self, group: str, replica: str, ops: Iterable[BlockOp]) -> int:
+        return (await self.apply_batch(group, replica, ops)).touched
+
+    async def purge_replica(self, group: str, replica: str) -> int:
+        k = self._k(group)
+        self.round_trips += 1
+        return int(await self._purge(keys=[k.blocks, k.ids, k.names, k.hb], args=[k.rev_prefix, replica]))
+
+    async def heartbeat(self, group: str, replica: str, ttl_s: float) -> None:
+        k = self._k(group)
+        self.round_trips += 1
+        await self._heartbeat(keys=[k.hb, GROUPS_KEY], args=[group, replica, str(int(ttl_s * 1000))])
+
+    async def expire(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for group in await self._groups():
+            k = self._k(group)
+            self.round_trips += 1
+            dead = await self._expire(keys=[k.blocks, k.ids, k.names, k.hb], args=[k.rev_prefix])
+            out.extend((group, _text(name)) for name in dead)
+        return out
+
+    async def forget_stream(self, group: str, stream: str) -> None:
+        """Drop the dedupe state of a stream (its replica left the configuration)."""
+        self.round_trips += 1
+        await self.client.hdel(self._k(group).streams, stream)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def lookup(
+        self, group: str, block_hashes: Sequence[int], replicas: Sequence[str] | None = None
+    ) -> dict[str, ReplicaMatch]:
+        if not block_hashes:
+            return {}
+        k = self._k(group)
+        names = list(replicas or ())
+        if replicas is not None and not names:
+            return {}
+        args: list[bytes | str] = [str(len(names)), *names]
+        args.extend(_wire(h) for h in block_hashes)
+        self.round_trips += 1
+        flat = await self._lookup(keys=[k.blocks, k.ids, k.names], args=args)
+        out: dict[str, ReplicaMatch] = {}
+        for i in range(0, len(flat), 4):
+            out[_text(flat[i])] = ReplicaMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]))
+        return out
+
+    async def replica_entries(self, group: str) -> dict[str, int]:
+        """Replicas of a group (with entries or a live heartbeat) and their entry counts."""
+        k = self._k(group)
+        self.round_trips += 1
+        flat = await self._replicas(keys=[k.names, k.hb], args=[k.rev_prefix])
+        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def replicas(self, group: str) -> list[str]:
+        return sorted(await self.replica_entries(group))
+
+    async def size(self, group: str | None = None) -> int:
+        groups = [group] if group is not None else await self._groups()
+        total = 0
+        for g in groups:
+            total += sum((await self.replica_entries(g)).values())
+        return total
+
+    async def stream_state(self, group: str, stream: str) -> tuple[int, float] | None:
+        """Last applied ``(seq, ts)`` of an event stream, or None when Redis has none (fresh or
+        lost): the indexer resumes with a replay from ``seq + 1``."""
+        self.round_trips += 1
+        raw = await self.client.hget(self._k(group).streams, stream)
+        if raw is None:
+            return None
+        seq, ts = _text(raw).split("|", 1)
+        return int(seq), float(ts)
+
+    async def _groups(self) -> list[str]:
+        self.round_trips += 1
+        return sorted(_text(g) for g in await self.client.smembers(GROUPS_KEY))  # type: ignore[misc]
+
+    async def used_memory(self) -> int:
+        """Redis ``used_memory`` in bytes (for sizing and the benchmark)."""
+        self.round_trips += 1
+        info = await self.client.info("memory")
+        return int(info["used_memory"])

@@ -1,0 +1,234 @@
+"""Redis backend of the KV index, against a real ``redis-server``: refcounts, one-round-trip
+lookups, HA dedupe of event batches, hash tags, heartbeats, auth and database from the URL."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
+from litellm_kv.index.redis import CLEAR, ApplyStatus, RedisIndex, group_tag
+from tests.support.procs import ManagedProcess, free_port
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+G = "llama/3.1-8b"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer(name="redis-index-test")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+async def index(server: RedisServer) -> AsyncIterator[RedisIndex]:
+    server.client().flushall()
+    idx = RedisIndex(server.url)
+    yield idx
+    await idx.close()
+
+
+def stored(*hashes: int, tier: Tier = Tier.GPU) -> BlockOp:
+    return BlockOp(tuple(hashes), tier, +1)
+
+
+def removed(*hashes: int, tier: Tier = Tier.GPU) -> BlockOp:
+    return BlockOp(tuple(hashes), tier, -1)
+
+
+async def test_refcount_per_copy(index: RedisIndex) -> None:
+    # vLLM can hold two physical copies of one hash; each is evicted on its own.
+    await index.apply(G, "a", [stored(1, 2, 3), stored(3)])
+    await index.apply(G, "a", [removed(3)])
+    assert await index.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=3)}
+    await index.apply(G, "a", [removed(3), removed(3), removed(99)])  # extra removals: no-ops
+    assert await index.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=2)}
+    await index.apply(G, "a", [stored(3)])
+    assert await index.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=3)}
+    assert await index.size(G) == 3
+
+
+async def test_lookup_walks_chain_per_replica_and_splits_tiers(index: RedisIndex) -> None:
+    await index.apply(G, "a", [stored(1, 2, 3, 4)])
+    await index.apply(G, "b", [stored(1, 2), stored(2, 3, tier=Tier.CPU), stored(5)])
+    await index.apply(G, "c", [stored(2, 3, 4)])  # no block 0: no match
+    got = await index.lookup(G, [1, 2, 3, 4, 5])
+    assert got["a"] == ReplicaMatch(gpu=4)
+    assert got["b"] == ReplicaMatch(gpu=2, cpu=1)  # block 2 on GPU and CPU counts as GPU
+    assert "c" not in got or got["c"].blocks == 0
+    assert await index.lookup(G, [1, 2, 3], replicas=["b"]) == {"b": ReplicaMatch(gpu=2, cpu=1)}
+    assert await index.lookup(G, [1, 2], replicas=["nobody"]) == {}
+    assert await index.lookup("other", [1, 2]) == {}
+
+
+async def test_lookup_long_prompt_crosses_chunks_and_stops_at_miss(index: RedisIndex) -> None:
+    rng = random.Random(7)
+    chain = [rng.getrandbits(64) for _ in range(1000)]
+    await index.apply(G, "a", [stored(*chain)])
+    await index.apply(G, "b", [stored(*chain[:130]), stored(*chain[131:])])  # hole at 130
+    got = await index.lookup(G, chain)
+    assert got == {"a": ReplicaMatch(gpu=1000), "b": ReplicaMatch(gpu=130)}
+
+
+async def test_lookup_is_one_round_trip(index: RedisIndex, server: RedisServer) -> None:
+    rng = random.Random(1)
+    chain = [rng.getrandbits(64) for _ in range(256)]
+    await index.apply(G, "a", [stored(*chain)])
+    await index.lookup(G, chain)  # script cached on the server
+    r = server.client()
+    r.config_resetstat()
+    before = index.round_trips
+    assert await index.lookup(G, chain) == {"a": ReplicaMatch(gpu=256)}
+    stats = r.info("commandstats")
+    assert index.round_trips - before == 1
+    client_calls = {k: v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")}
+    assert client_calls == {"cmdstat_evalsha": 1}
+
+
+async def test_purge_in_one_step_and_size(index: RedisIndex) -> None:
+    await index.apply(G, "a", [stored(1, 2, 3), stored(3, tier=Tier.CPU)])
+    await index.apply(G, "b", [stored(1, 2)])
+    assert await index.size(G) == 5
+    assert await index.purge_replica(G, "a") == 3
+    assert await index.lookup(G, [1, 2, 3]) == {"b": ReplicaMatch(gpu=2)}
+    assert await index.size(G) == 2
+    assert await index.replicas(G) == ["b"]
+    assert await index.purge_replica(G, "unknown") == 0
+
+
+async def test_heartbeat_expiry_purges(index: RedisIndex) -> None:
+    await index.apply(G, "a", [stored(1)])
+    await index.apply(G, "b", [stored(1)])
+    await index.heartbeat(G, "a", 0.2)
+    await index.heartbeat(G, "b", 30)
+    await index.heartbeat(G, "idle", 30)
+    assert await index.replicas(G) == ["a", "b", "idle"]
+    assert await index.expire() == []
+    await asyncio.sleep(0.3)
+    assert await index.expire() == [(G, "a")]
+    assert await index.lookup(G, [1]) == {"b": ReplicaMatch(gpu=1)}
+    assert await index.replicas(G) == ["b", "idle"]
+
+
+async def test_two_writers_apply_each_batch_once(server: RedisServer) -> None:
+    """Two indexers receive the same stream; each batch must count once, whatever the order."""
+    server.client().flushall()
+    one, two = RedisIndex(server.url), RedisIndex(server.url)
+    try:
+        batches = [
+            (0, 10.0, [stored(1, 2)]),
+            (1, 10.1, [stored(2)]),  # second copy of 2
+            (2, 10.2, [removed(2)]),
+            (3, 10.3, [stored(3)]),
+        ]
+        for seq, ts, ops in batches:
+            first, second = (one, two) if seq % 2 else (two, one)
+            r1 = await first.apply_batch(G, "a", ops, stream="a#0", seq=seq, ts=ts)
+            r2 = await second.apply_batch(G, "a", ops, stream="a#0", seq=seq, ts=ts)
+            assert (r1.status, r2.status) == (ApplyStatus.APPLIED, ApplyStatus.DUPLICATE)
+        assert await one.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=3)}
+        await one.apply_batch(G, "a", [removed(2)], stream="a#0", seq=4, ts=10.4)
+        # Both copies of 2 are gone now; had batches been applied twice, 2 would still count.
+        assert await two.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=1)}
+        # A batch ahead of Redis is a gap: nothing applied, replay from last + 1.
+        gap = await two.apply_batch(G, "a", [stored(9)], stream="a#0", seq=7, ts=10.7)
+        assert (gap.status, gap.last_seq) == (ApplyStatus.GAP, 4)
+        assert await two.stream_state(G, "a#0") == (4, 10.4)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_engine_restart_detected_by_seq_and_time(index: RedisIndex) -> None:
+    await index.apply_batch(G, "a", [stored(1, 2)], stream="a#0", seq=0, ts=100.0)
+    await index.apply_batch(G, "a", [stored(3)], stream="a#0", seq=1, ts=100.5)
+    # Same seq again but later: a new engine lifetime; the old blocks are gone.
+    res = await index.apply_batch(G, "a", [stored(7)], stream="a#0", seq=0, ts=200.0)
+    assert res.status is ApplyStatus.RESTART and res.purged == 3
+    assert await index.lookup(G, [1, 2]) == {}
+    assert await index.lookup(G, [7]) == {"a": ReplicaMatch(gpu=1)}
+    for seq in range(1, 10):
+        await index.apply_batch(G, "a", [stored(7)], stream="a#0", seq=seq, ts=200.0 + seq)
+    # Another lifetime, first seen at seq 5 (< 9, later ts): purge and ask for replay from 0.
+    res = await index.apply_batch(G, "a", [stored(8)], stream="a#0", seq=5, ts=300.0)
+    assert (res.status, res.last_seq, res.purged) == (ApplyStatus.GAP, -1, 1)
+    assert await index.lookup(G, [7]) == {}
+    ok = await index.apply_batch(G, "a", [stored(7)], stream="a#0", seq=0, ts=299.0)
+    assert ok.status is ApplyStatus.APPLIED
+    assert await index.lookup(G, [7]) == {"a": ReplicaMatch(gpu=1)}
+
+
+async def test_forced_resync_after_lost_batches_purges_first(index: RedisIndex) -> None:
+    await index.apply_batch(G, "a", [stored(1, 2)], stream="a#0", seq=0, ts=1.0)
+    res = await index.apply_batch(G, "a", [stored(5)], stream="a#0", seq=9, ts=9.0, force=True)
+    assert res.status is ApplyStatus.RESTART and res.last_seq == 9
+    assert await index.lookup(G, [1]) == {} and await index.lookup(G, [5]) == {"a": ReplicaMatch(gpu=1)}
+    # AllBlocksCleared inside a batch purges at that point of the batch.
+    await index.apply_batch(G, "a", [stored(6), CLEAR, stored(1)], stream="a#0", seq=10, ts=10.0)
+    assert await index.lookup(G, [6]) == {} and await index.lookup(G, [1]) == {"a": ReplicaMatch(gpu=1)}
+
+
+async def test_fresh_stream_must_start_at_zero_unless_forced(index: RedisIndex) -> None:
+    res = await index.apply_batch(G, "a", [stored(1)], stream="a#0", seq=3, ts=1.0)
+    assert (res.status, res.last_seq) == (ApplyStatus.GAP, -1)
+    assert await index.size(G) == 0
+
+
+async def test_keys_share_the_group_hash_tag(index: RedisIndex, server: RedisServer) -> None:
+    group = "team{x}/model"
+    await index.apply_batch(group, "a", [stored(1, 2)], stream="a#0", seq=0, ts=1.0)
+    await index.heartbeat(group, "a", 10)
+    keys = [k.decode() for k in server.client().keys("lkv:{*")]
+    assert len(keys) >= 5
+    assert all(f"{{{group_tag(group)}}}" in k for k in keys)
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+async def test_readers_in_other_processes_see_the_same_view(server: RedisServer) -> None:
+    server.client().flushall()
+    writer, reader1, reader2 = RedisIndex(server.url), RedisIndex(server.url), RedisIndex(server.url)
+    try:
+        rng = random.Random(3)
+        chain = [rng.getrandbits(64) for _ in range(50)]
+        await writer.apply(G, "a", [stored(*chain[:40])])
+        await writer.apply(G, "b", [stored(*chain[:10], tier=Tier.CPU)])
+        a = await reader1.lookup(G, chain)
+        b = await reader2.lookup(G, chain)
+        assert a == b == {"a": ReplicaMatch(gpu=40), "b": ReplicaMatch(cpu=10)}
+    finally:
+        for idx in (writer, reader1, reader2):
+            await idx.close()
+
+
+async def test_password_and_database_from_url() -> None:
+    exe = shutil.which("redis-server")
+    assert exe is not None
+    port = free_port()
+    proc = ManagedProcess(
+        "redis-auth-test",
+        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", tempfile.mkdtemp(prefix="litellm-kv-redis-"), "--requirepass", "s3cret"],
+    )
+    try:
+        proc.wait_until(lambda: bool(redis.Redis(port=port, password="s3cret").ping()), 20, "redis ping")
+        idx = RedisIndex(f"redis://:s3cret@127.0.0.1:{port}/5")
+        await idx.apply(G, "a", [stored(1)])
+        assert await idx.lookup(G, [1]) == {"a": ReplicaMatch(gpu=1)}
+        await idx.close()
+        raw = redis.Redis(port=port, password="s3cret", db=5)
+        assert raw.exists(f"lkv:{{{group_tag(G)}}}:blocks")
+        assert not redis.Redis(port=port, password="s3cret", db=0).keys("lkv:*")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="wrong").ping()
+    finally:
+        proc.stop()
