@@ -291,4 +291,33 @@ class LiteLLMKV(CustomLogger):
                 self._contain(h, "log_failure")
 
 
+async def _start_when_router_exists(handler: LiteLLMKV, timeout_s: float = 120.0) -> None:
+    """Start subscribers and discovery as soon as the proxy has built its router, not at the first request."""
+    from litellm.proxy import proxy_server
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while getattr(proxy_server, "llm_router", None) is None and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    await handler.ensure_started()
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _install(handler: LiteLLMKV) -> None:
+    try:
+        from litellm_kv.integration.admin import register
+
+        register()
+    except Exception:  # not inside a proxy (tests, scripts)
+        log.debug("litellm-kv: admin routes not registered (no proxy app)")
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _background.add(loop.create_task(_start_when_router_exists(handler)))
+
+
 proxy_handler = LiteLLMKV()
+_install(proxy_handler)

@@ -1,0 +1,72 @@
+"""Admin routes litellm-kv adds to the LiteLLM proxy app.
+
+* ``GET /litellm-kv/health`` — per model group: exact or not and why, replicas (ready, block size,
+  hash algorithm, load gauges, subscriber state: connected, last seq, gaps, replays, purges), tokenizer path.
+* ``POST /litellm-kv/route`` — which replica holds this prompt: body = a chat request; answer = the
+  decision and the predicted cached tokens per replica, without sending anything upstream.
+* ``GET /litellm-kv/metrics`` — litellm-kv's Prometheus metrics (also on LiteLLM's ``/metrics``
+  when the ``prometheus`` callback is on).
+
+All need a proxy admin key (``Authorization: Bearer <master key>`` or an admin virtual key).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("litellm_kv")
+_registered = False
+
+
+def register(kv_handler: Any = None) -> None:
+    """Add the routes to ``litellm.proxy.proxy_server.app`` (once)."""
+    global _registered
+    if _registered:
+        return
+    from fastapi import APIRouter, Depends, HTTPException, Request, Response
+    from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
+    from litellm.proxy.auth.user_api_key_auth import user_api_key_auth
+    from litellm.proxy.proxy_server import app
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    router = APIRouter(prefix="/litellm-kv", tags=["litellm-kv"])
+
+    def _admin(auth: UserAPIKeyAuth) -> None:
+        if auth.user_role not in (LitellmUserRoles.PROXY_ADMIN, LitellmUserRoles.PROXY_ADMIN.value):
+            raise HTTPException(status_code=403, detail="litellm-kv admin routes need a proxy admin key")
+
+    async def _kv() -> Any:
+        from litellm_kv.integration.callback import proxy_handler
+
+        await proxy_handler.ensure_started()
+        return proxy_handler.handler("kv")
+
+    @router.get("/health")
+    async def health(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        _admin(auth)
+        kv = await _kv()
+        from litellm_kv.integration.callback import proxy_handler
+
+        return {
+            "handlers": [h.name for h in proxy_handler.handlers],
+            "routing": kv.health() if kv is not None else None,
+        }
+
+    @router.post("/route")
+    async def route(request: Request, auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        _admin(auth)
+        kv = await _kv()
+        if kv is None:
+            raise HTTPException(status_code=404, detail="KV routing is not configured")
+        body = await request.json()
+        result: dict[str, Any] = await kv.explain(body)
+        return result
+
+    @router.get("/metrics")
+    async def metrics(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> Response:
+        _admin(auth)
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(router)
+    _registered = True

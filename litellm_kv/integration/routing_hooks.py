@@ -1,0 +1,528 @@
+"""KV-aware replica choice inside the LiteLLM proxy (model groups with ``routing: kv``).
+
+Hook by hook:
+
+* ``pre_call``: tenant cache isolation (inject a keyed ``cache_salt``).
+* ``filter_deployments``: exact tokens → block hashes → one index lookup → cost → one deployment.
+  Any internal failure → load-only choice and a metric; the request never fails because of us.
+* ``pre_deployment``: ``vllm_xargs.kv_cache_report_mode = "full"``.
+* ``post_success_deployment`` / streamed usage: predicted vs engine-reported ``cached_tokens``
+  (the verification metric), release of the in-flight load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.index.base import KVIndex
+from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.observability import counter, histogram
+from litellm_kv.routing.cost import CostConfig, CostModel
+from litellm_kv.routing.fleet import Fleet, replica_id
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadTracker
+from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.routing.router import EngineGauges, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.tokenization import (
+    VERIFY_SAMPLES,
+    LocalChatTokenizer,
+    TemplateError,
+    chat_template_kwargs_for,
+    normalise_messages,
+)
+
+log = logging.getLogger("litellm_kv")
+
+PREDICTION = counter(
+    "prediction_checks",
+    "Responses whose engine-reported cached_tokens were compared with the routing prediction: "
+    "outcome exact, under (engine hit more than predicted), over (engine hit less), or missing "
+    "(engine did not report cached_tokens: run it with --enable-prompt-tokens-details).",
+    ["model_group", "outcome"],
+)
+PREDICTED_TOKENS = counter(
+    "predicted_cached_tokens", "Sum of predicted cached prompt tokens on the chosen replica.", ["model_group"]
+)
+ACTUAL_TOKENS = counter(
+    "actual_cached_tokens", "Sum of engine-reported cached prompt tokens (usage.prompt_tokens_details).",
+    ["model_group"],
+)
+PROMPT_TOKENS = counter("routed_prompt_tokens", "Sum of prompt tokens of KV-routed requests.", ["model_group"])
+PREDICTION_ERROR = histogram(
+    "prediction_error_tokens",
+    "engine cached_tokens minus predicted, per response (0 = exact).",
+    ["model_group"],
+    buckets=(-4096, -512, -64, -1, 0, 1, 64, 512, 4096),
+)
+TOKENIZER_MISMATCH = counter(
+    "tokenizer_mismatches", "Local tokenization differed from the engine's /tokenize (group switched to engine).",
+    ["model_group"],
+)
+
+_CALLS_KEPT = 20_000
+
+
+@dataclass(slots=True)
+class _Route:
+    group: str
+    replica: str
+    deployment_id: str
+    result: RoutingResult
+    shadow: bool
+    started: float
+    released: bool = False
+    first_token: bool = False
+
+
+class _Group:
+    """Runtime of one KV-routed model group."""
+
+    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, load: LoadTracker,
+                 embedded: bool, backend: str) -> None:
+        self.name = name
+        self.options = options
+        self.fleet = Fleet(name, options, index, embedded=embedded)
+        cost_cfg = parse_section(CostConfig, options.cost, f"litellm_kv.model_groups.{name}.kv.cost")
+        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(), backend=backend)
+        self.load = load
+        self.tokenizer: LocalChatTokenizer | None = None
+        self.tokenizer_state = "engine"
+        self.deployment_ids: frozenset[str] = frozenset()
+        self.sync_lock = asyncio.Lock()
+        self.requests = 0
+
+    async def sync(self, deployments: list[dict[str, Any]]) -> None:
+        ids = frozenset(str((d.get("model_info") or {}).get("id")) for d in deployments)
+        if ids == self.deployment_ids:
+            return
+        async with self.sync_lock:
+            if ids == self.deployment_ids:
+                return
+            await self.fleet.sync(deployments)
+            self.deployment_ids = ids
+            if self.tokenizer is None and self.options.tokenizer != "engine" and self.options.tokenizer_path:
+                await self._verify_local_tokenizer()
+
+    async def _verify_local_tokenizer(self) -> None:
+        assert self.options.tokenizer_path
+        try:
+            tok = LocalChatTokenizer(self.options.tokenizer_path)
+        except Exception as exc:
+            self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
+            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+            return
+        client = self._any_client()
+        if client is None:
+            self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
+            return
+        for sample in VERIFY_SAMPLES:
+            try:
+                want = await client.tokenize_chat(sample["messages"], tools=sample.get("tools"))
+                got = tok.chat_tokens(sample["messages"], sample.get("tools"))
+            except Exception as exc:
+                self.tokenizer_state = f"engine (verification failed: {exc})"
+                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+                return
+            if want != got:
+                TOKENIZER_MISMATCH.labels(self.name).inc()
+                self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"
+                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+                return
+        self.tokenizer = tok
+        self.tokenizer_state = "local (verified)"
+        log.info("litellm-kv: %s tokenizes locally (verified against /tokenize)", self.name)
+
+    def _any_client(self) -> Any:
+        ready = [st for st in self.fleet.replicas.values() if st.ready]
+        return random.choice(ready).client if ready else None
+
+    async def tokens(self, req: Mapping[str, Any]) -> tuple[list[int], str]:
+        """Prompt token ids of a chat request, and which path produced them."""
+        messages = normalise_messages(req.get("messages") or [])
+        tools = req.get("tools") or None
+        kwargs = chat_template_kwargs_for(req)
+        add_gen = not bool(req.get("continue_final_message"))
+        if self.tokenizer is not None and self.options.tokenizer != "engine":
+            try:
+                ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
+                self.requests += 1
+                if self.options.verify_every and self.requests % self.options.verify_every == 0:
+                    asyncio.get_running_loop().create_task(self._spot_check(messages, tools, add_gen, kwargs, ids))
+                return ids, "local"
+            except TemplateError:
+                pass
+        client = self._any_client()
+        if client is None:
+            raise RuntimeError("no ready replica to tokenize with")
+        ids = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
+                                         add_generation_prompt=add_gen)
+        return list(ids), "engine"
+
+    async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
+        client = self._any_client()
+        if client is None:
+            return
+        try:
+            want = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
+                                              add_generation_prompt=add_gen)
+        except Exception:
+            return
+        if list(want) != ids:
+            TOKENIZER_MISMATCH.labels(self.name).inc()
+            self.tokenizer = None
+            self.tokenizer_state = "engine (local tokenizer disagreed with /tokenize on a live request)"
+            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+
+
+def _usage_get(obj: Any, *path: str) -> Any:
+    for name in path:
+        if obj is None:
+            return None
+        obj = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+    return obj
+
+
+def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(
+            isinstance(p, Mapping) and p.get("type") not in (None, "text") for p in content
+        ):
+            return True
+    return False
+
+
+def _call_id(data: Mapping[str, Any]) -> str | None:
+    cid = data.get("litellm_call_id")
+    if cid:
+        return str(cid)
+    md = data.get("metadata") or data.get("litellm_metadata") or {}
+    if isinstance(md, Mapping):
+        for key in ("litellm_call_id", "litellm_kv_call_id"):
+            if md.get(key):
+                return str(md[key])
+    lp = data.get("litellm_params") or {}
+    if isinstance(lp, Mapping) and lp.get("litellm_call_id"):
+        return str(lp["litellm_call_id"])
+    return None
+
+
+class KVRoutingHandler(Handler):
+    name = "kv"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.options: dict[str, KVRoutingOptions] = {}
+        for name, g in settings.model_groups.items():
+            if g.routing == "kv":
+                self.options[name] = parse_section(KVRoutingOptions, g.kv, f"litellm_kv.model_groups.{name}.kv")
+        self.groups: dict[str, _Group] = {}
+        self.index: KVIndex | None = None
+        self.load: LoadTracker | None = None
+        self.routes: OrderedDict[str, _Route] = OrderedDict()
+        self.backend = "memory" if settings.mode == "embedded" else "redis"
+        self._salt_secret: bytes | None = None
+
+    def enabled_for(self, group: ModelGroupSettings | None) -> bool:
+        return group is not None and group.routing == "kv"
+
+    async def startup(self) -> None:
+        if not self.options:
+            return
+        if self.settings.mode == "embedded":
+            from litellm_kv.index.memory import InMemoryIndex
+
+            self.index = InMemoryIndex()
+            self.load = InMemoryLoadTracker()
+        else:
+            if not self.settings.redis_url:
+                raise RuntimeError("litellm_kv.mode: shared needs redis_url (or LITELLM_KV_REDIS_URL)")
+            import redis.asyncio as aioredis
+
+            from litellm_kv.index.redis import RedisIndex
+            from litellm_kv.routing.load import RedisLoadTracker
+
+            self.index = RedisIndex(self.settings.redis_url)
+            self.load = RedisLoadTracker(aioredis.Redis.from_url(self.settings.redis_url))
+        for name, opts in self.options.items():
+            self.groups[name] = _Group(name, opts, self.index, self.load, self.settings.mode == "embedded",
+                                       self.backend)
+        deployments = _router_deployments()
+        for name, g in self.groups.items():
+            deps = [d for d in deployments if d.get("model_name") == name]
+            if deps:
+                await g.sync(deps)
+            g.fleet.start()
+        _register_admin_routes(self)
+
+    async def shutdown(self) -> None:
+        for g in self.groups.values():
+            await g.fleet.stop()
+
+    # -- pre_call: tenant isolation -------------------------------------------------------------
+    def _secret(self) -> bytes:
+        if self._salt_secret is None:
+            env = os.environ.get(self.settings.salt_secret_env)
+            if not env:
+                # A per-process secret still isolates tenants; it changes the salt on restart,
+                # which only costs cache hits. Documented: set the variable in production.
+                log.warning("litellm-kv: %s unset; using a random per-process salt secret",
+                            self.settings.salt_secret_env)
+                env = os.urandom(32).hex()
+            self._salt_secret = env.encode()
+        return self._salt_secret
+
+    async def pre_call(self, req: ProxyRequest) -> None:
+        opts = self.options.get(req.model_group)
+        if opts is None or opts.tenant_isolation == "none":
+            return
+        c = req.caller
+        tenant = (f"team:{c.team_id}" if opts.tenant_isolation == "team" and c.team_id
+                  else f"key:{c.key_hash or c.key_alias or 'anonymous'}")
+        client_salt = req.data.get("cache_salt")
+        material = tenant if not client_salt else f"{tenant}\x00{client_salt}"
+        req.data["cache_salt"] = hmac.new(self._secret(), material.encode(), hashlib.sha256).hexdigest()[:48]
+
+    # -- replica choice ----------------------------------------------------------------------------
+    async def filter_deployments(
+        self,
+        model_group: str,
+        deployments: list[dict[str, Any]],
+        messages: list[dict[str, Any]] | None,
+        request_kwargs: dict[str, Any],
+    ) -> list[dict[str, Any]] | None:
+        g = self.groups.get(model_group)
+        if g is None or not deployments:
+            return None
+        t0 = time.perf_counter()
+        await g.sync(deployments)
+        by_replica: dict[str, dict[str, Any]] = {}
+        for d in deployments:
+            api_base = (d.get("litellm_params") or {}).get("api_base")
+            if api_base:
+                by_replica.setdefault(replica_id(api_base), d)
+        if not by_replica:
+            return None
+        req = dict(request_kwargs)
+        if messages is not None:
+            req["messages"] = messages
+        path = "none"
+        try:
+            if req.get("messages") is None:
+                raise RuntimeError("not a chat request")
+            tokens, path = await g.tokens(req)
+        except Exception as exc:
+            log.debug("litellm-kv: %s: tokenize failed: %s", model_group, exc)
+            tokens = []
+            why = "tokenize_failed"
+        else:
+            why = g.fleet.not_exact_why and "not_exact"
+        served = str((deployments[0].get("litellm_params") or {}).get("model", "")).split("/", 1)[-1]
+        lora_path = g.fleet.lora_path(served)
+        rreq = RoutingRequest(
+            token_ids=tokens,
+            lora=(served, lora_path) if lora_path else None,
+            cache_salt=req.get("cache_salt"),
+            has_unhashable_media=_has_media(req.get("messages") or []),
+            skip_prefix_cache=req.get("prompt_logprobs") is not None,
+        )
+        candidates = list(by_replica)
+        loads = await g.load.snapshot(model_group, candidates)
+        gauges = {
+            r: EngineGauges(st.waiting, st.running, st.kv_usage)
+            for r, st in g.fleet.replicas.items() if r in by_replica
+        }
+        result = await g.router.decide(rreq, g.fleet.hasher(), candidates, loads, gauges, not_exact_why=why)
+        chosen = by_replica[result.replica]
+        dep_id = str((chosen.get("model_info") or {}).get("id"))
+        from litellm_kv.routing.router import DECISION_SECONDS
+
+        DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
+        cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
+        route = _Route(model_group, result.replica, dep_id, result, g.options.shadow, time.time())
+        self._remember(cid, route)
+        md = request_kwargs.get("metadata")
+        if isinstance(md, dict):
+            md["litellm_kv_call_id"] = cid
+            md["litellm_kv_route"] = {
+                "replica": result.replica, "reason": result.reason, "predicted_cached_tokens":
+                result.predicted_hit_tokens, "prompt_tokens": result.prompt_tokens, "shadow": g.options.shadow,
+                "fallback": result.fallback_why or None,
+            }
+        if g.options.shadow:
+            from litellm_kv.routing.router import DECISIONS
+
+            DECISIONS.labels(model_group, "shadow").inc()
+            return None
+        await g.load.begin(model_group, result.replica, cid,
+                           max(0, result.prompt_tokens - result.predicted_hit_tokens))
+        return [chosen]
+
+    def _remember(self, cid: str, route: _Route) -> None:
+        self.routes[cid] = route
+        self.routes.move_to_end(cid)
+        while len(self.routes) > _CALLS_KEPT:
+            _, old = self.routes.popitem(last=False)
+            if not old.released and not old.shadow:
+                asyncio.get_running_loop().create_task(self._release_route(old))
+
+    async def _release_route(self, route: _Route) -> None:
+        g = self.groups.get(route.group)
+        if g is None:
+            return
+        for cid, r in list(self.routes.items()):
+            if r is route:
+                await g.load.end(cid)
+                break
+
+    def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
+        cid = _call_id(data)
+        if cid is None or cid not in self.routes:
+            md = data.get("metadata") or data.get("litellm_metadata") or {}
+            cid = md.get("litellm_kv_call_id") if isinstance(md, Mapping) else None
+        if cid is None:
+            return None
+        r = self.routes.get(cid)
+        return (cid, r) if r is not None else None
+
+    # -- per-deployment fields -------------------------------------------------------------------
+    async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
+        group = str(kwargs.get("model_group") or _usage_get(kwargs, "metadata", "model_group") or "")
+        opts = self.options.get(group)
+        if opts is None:
+            md = kwargs.get("metadata") or {}
+            opts = self.options.get(str(md.get("model_group", ""))) if isinstance(md, Mapping) else None
+        if opts is None or not opts.report_mode_full:
+            return
+        xargs = dict(kwargs.get("vllm_xargs") or {})
+        xargs["kv_cache_report_mode"] = "full"
+        kwargs["vllm_xargs"] = xargs
+
+    # -- after the call -----------------------------------------------------------------------------
+    def _verify(self, route: _Route, usage: Any) -> None:
+        if route.shadow:
+            return
+        group = route.group
+        predicted = route.result.predicted_hit_tokens
+        actual = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
+        if actual is None:
+            PREDICTION.labels(group, "missing").inc()
+            g = self.groups.get(group)
+            st = g.fleet.replicas.get(route.replica) if g else None
+            if st is not None and not st.prompt_details_missing:
+                st.prompt_details_missing = True
+                log.warning("litellm-kv: %s reports no cached_tokens; start it with --enable-prompt-tokens-details "
+                            "to verify predictions", route.replica)
+            return
+        actual = int(actual)
+        if not route.result.exact:
+            PREDICTION.labels(group, "fallback").inc()
+        else:
+            outcome = "exact" if actual == predicted else ("under" if actual > predicted else "over")
+            PREDICTION.labels(group, outcome).inc()
+            PREDICTION_ERROR.labels(group).observe(actual - predicted)
+        PREDICTED_TOKENS.labels(group).inc(predicted)
+        ACTUAL_TOKENS.labels(group).inc(actual)
+        PROMPT_TOKENS.labels(group).inc(route.result.prompt_tokens)
+
+    async def _finish(self, data: Mapping[str, Any], usage: Any) -> None:
+        found = self._route_of(data)
+        if found is None:
+            return
+        cid, route = found
+        if usage is not None:
+            self._verify(route, usage)
+        if not route.released:
+            route.released = True
+            g = self.groups.get(route.group)
+            if g is not None and not route.shadow:
+                await g.load.end(cid)
+
+    async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
+        if request_data.get("stream"):
+            return
+        await self._finish(request_data, _usage_get(response, "usage"))
+
+    async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
+        found = self._route_of(request_data)
+        if found is None:
+            return
+        cid, route = found
+        if not route.first_token and not route.shadow:
+            route.first_token = True
+            g = self.groups.get(route.group)
+            if g is not None:
+                await g.load.first_token(cid)
+        usage = _usage_get(chunk, "usage")
+        if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
+            await self._finish(request_data, usage)
+
+    async def post_failure_deployment(self, request_data: Mapping[str, Any], exception: Exception) -> None:
+        await self._finish(request_data, None)
+
+    async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
+        await self._finish(kwargs, None)
+
+    async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
+        await self._finish(kwargs, None)
+
+    # -- admin views ---------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {
+            "mode": self.settings.mode,
+            "groups": {
+                name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow}
+                for name, g in self.groups.items()
+            },
+        }
+
+    async def explain(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Which replica holds this prompt: the routing decision for a request body, without sending it."""
+        group = str(body.get("model") or "")
+        g = self.groups.get(group)
+        if g is None:
+            return {"error": f"model group {group!r} is not KV-routed"}
+        tokens, path = await g.tokens(body)
+        hasher = g.fleet.hasher()
+        candidates = list(g.fleet.replicas)
+        loads = await g.load.snapshot(group, candidates)
+        gauges = {r: EngineGauges(st.waiting, st.running, st.kv_usage) for r, st in g.fleet.replicas.items()}
+        result = await g.router.decide(
+            RoutingRequest(token_ids=tokens, cache_salt=body.get("cache_salt")), hasher, candidates, loads, gauges,
+            not_exact_why=g.fleet.not_exact_why and "not_exact",
+        )
+        out = asdict(result)
+        out.pop("wire_hashes", None)
+        out["tokenizer"] = path
+        out["block_size"] = hasher.block_size if hasher else None
+        return out
+
+
+def _router_deployments() -> list[dict[str, Any]]:
+    try:
+        from litellm.proxy import proxy_server
+
+        router = getattr(proxy_server, "llm_router", None)
+        return list(getattr(router, "model_list", None) or [])
+    except Exception:
+        return []
+
+
+def _register_admin_routes(handler: KVRoutingHandler) -> None:
+    try:
+        from litellm_kv.integration.admin import register
+
+        register(handler)
+    except Exception:
+        log.exception("litellm-kv: admin routes not registered")

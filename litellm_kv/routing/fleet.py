@@ -1,0 +1,313 @@
+"""The replicas of one KV-routed model group, as the proxy knows them.
+
+For each replica (a LiteLLM deployment whose ``api_base`` is a vLLM server) the fleet learns the
+engine's block size and hash algorithm from ``vllm:cache_config_info`` (never assumed), keeps its
+load gauges fresh by scraping ``/metrics``, and — in embedded mode — runs the KV-event subscriber
+that feeds the index. It also decides whether predictions can be exact right now, and says why not:
+that state is what ``/litellm-kv/health`` and ``litellm_kv_group_exact`` show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from litellm_kv.engine import EngineClient
+from litellm_kv.hashing import BlockHasher
+from litellm_kv.index.base import KVIndex
+from litellm_kv.observability import gauge
+from litellm_kv.routing.options import KVRoutingOptions
+
+log = logging.getLogger("litellm_kv")
+
+GROUP_EXACT = gauge(
+    "group_exact",
+    "1 when every ready replica of the group agrees on block size and hash algorithm and no exactness "
+    "check failed; 0 means routing for the group is load-only (see /litellm-kv/health for why).",
+    ["model_group"],
+)
+REPLICA_READY = gauge(
+    "replica_ready", "1 when the replica's cache config is known and (embedded mode) its subscriber runs.",
+    ["model_group", "replica"],
+)
+
+
+def replica_id(api_base: str) -> str:
+    """A replica's id in the index: ``scheme://host:port`` of its api_base (shared by proxies and indexers)."""
+    parts = urlsplit(api_base.strip())
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme or 'http'}://{host}:{port}"
+
+
+def resolve_event_endpoint(endpoint: str, api_base: str) -> str:
+    """Turn a publisher's bind address (``tcp://*:5557``) into one a subscriber can connect to."""
+    if endpoint.startswith("tcp://*") or endpoint.startswith("tcp://0.0.0.0") or endpoint.startswith("tcp://[::]"):
+        host = urlsplit(api_base).hostname or "127.0.0.1"
+        port = endpoint.rsplit(":", 1)[1]
+        return f"tcp://{host}:{port}"
+    return endpoint
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    replica: str
+    deployment_id: str
+    api_base: str
+    client: EngineClient
+    block_size: int | None = None
+    hash_algo: str | None = None
+    prefix_caching: bool | None = None
+    waiting: int | None = None
+    running: int | None = None
+    kv_usage: float | None = None
+    last_scrape: float = 0.0
+    ready: bool = False
+    error: str = ""
+    not_exact: str = ""
+    prompt_details_missing: bool = False
+    subscriber: Any = None
+    lora_roots: dict[str, str] = field(default_factory=dict)
+
+    def status(self) -> dict[str, Any]:
+        sub = None
+        if self.subscriber is not None:
+            stats = getattr(self.subscriber, "stats", None)
+            sub = stats() if callable(stats) else stats
+            if sub is not None and not isinstance(sub, dict):
+                sub = getattr(sub, "__dict__", None) or {
+                    k: getattr(sub, k) for k in getattr(sub, "__slots__", ()) if hasattr(sub, k)
+                }
+        return {
+            "replica": self.replica, "deployment_id": self.deployment_id, "ready": self.ready,
+            "block_size": self.block_size, "hash_algo": self.hash_algo, "prefix_caching": self.prefix_caching,
+            "waiting": self.waiting, "running": self.running, "kv_usage": self.kv_usage,
+            "last_scrape_age_s": round(time.time() - self.last_scrape, 3) if self.last_scrape else None,
+            "error": self.error or None, "not_exact": self.not_exact or None,
+            "prompt_tokens_details_missing": self.prompt_details_missing, "subscriber": sub,
+        }
+
+
+class Fleet:
+    """Replicas of one model group, their engine facts and load, and the group's exactness."""
+
+    def __init__(self, group: str, options: KVRoutingOptions, index: KVIndex, *, embedded: bool) -> None:
+        self.group = group
+        self.options = options
+        self.index = index
+        self.embedded = embedded
+        self.replicas: dict[str, ReplicaState] = {}
+        self._hasher: BlockHasher | None = None
+        self._hasher_key: tuple[str, int, str | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.not_exact_why = "starting"
+
+    # -- membership ---------------------------------------------------------------------------
+    async def sync(self, deployments: list[dict[str, Any]]) -> None:
+        """Add replicas for new deployments; purge and stop replicas that left the group."""
+        seen: set[str] = set()
+        for d in deployments:
+            params = d.get("litellm_params") or {}
+            api_base = params.get("api_base")
+            if not api_base:
+                continue
+            rid = replica_id(api_base)
+            seen.add(rid)
+            if rid not in self.replicas:
+                dep_id = str((d.get("model_info") or {}).get("id") or rid)
+                base = api_base.rstrip("/")
+                base = base[:-3] if base.endswith("/v1") else base
+                st = ReplicaState(rid, dep_id, base, EngineClient(base, timeout=self.options.engine_timeout_s))
+                self.replicas[rid] = st
+                await self._bring_up(st, d)
+        for rid in [r for r in self.replicas if r not in seen]:
+            await self._remove(rid)
+        self._refresh_exactness()
+
+    async def _remove(self, rid: str) -> None:
+        st = self.replicas.pop(rid)
+        if st.subscriber is not None:
+            await st.subscriber.stop()
+        if self.embedded:
+            await self.index.purge_replica(self.group, rid)
+        REPLICA_READY.labels(self.group, rid).set(0)
+        log.info("litellm-kv: replica %s left group %s; purged", rid, self.group)
+
+    async def _bring_up(self, st: ReplicaState, deployment: dict[str, Any] | None = None) -> None:
+        try:
+            await self._scrape(st)
+        except Exception as exc:
+            st.error = f"metrics unreachable: {exc}"
+            st.ready = False
+            REPLICA_READY.labels(self.group, st.replica).set(0)
+            return
+        if self.embedded and st.subscriber is None:
+            try:
+                await self._start_subscriber(st, deployment)
+            except Exception as exc:
+                st.error = f"no KV event source: {exc}"
+                st.ready = False
+                REPLICA_READY.labels(self.group, st.replica).set(0)
+                log.warning("litellm-kv: %s: %s", st.replica, st.error)
+                return
+        try:
+            models = await st.client.models()
+            st.lora_roots = {
+                m["id"]: m["root"] for m in models if m.get("parent") and isinstance(m.get("root"), str)
+            }
+        except Exception:
+            st.lora_roots = {}
+        st.error = ""
+        st.ready = True
+        REPLICA_READY.labels(self.group, st.replica).set(1)
+
+    async def _start_subscriber(self, st: ReplicaState, deployment: dict[str, Any] | None) -> None:
+        from litellm_kv.subscriber import start_replica_subscribers
+
+        info = ((deployment or {}).get("model_info") or {}).get("litellm_kv") or {}
+        st.subscriber = await start_replica_subscribers(
+            group=self.group,
+            replica=st.replica,
+            index=self.index,
+            client=st.client,
+            endpoint=info.get("kv_events_endpoint"),
+            replay_endpoint=info.get("replay_endpoint"),
+            topic=info.get("topic"),
+            bind=bool(info.get("bind", False)),
+            hasher_factory=self.hasher_for_checks,
+            sample_every=self.options.exactness_sample_every,
+            on_not_exact=lambda why, st=st: self._mark_not_exact(st, why),
+        )
+
+    def _mark_not_exact(self, st: ReplicaState, why: str) -> None:
+        if not st.not_exact:
+            log.error("litellm-kv: replica %s of %s is not exact: %s", st.replica, self.group, why)
+        st.not_exact = why
+        self._refresh_exactness()
+
+    # -- engine facts and load -------------------------------------------------------------------
+    async def _scrape(self, st: ReplicaState) -> None:
+        m = await st.client.metrics()
+        st.block_size = m.block_size
+        st.hash_algo = m.hash_algo
+        st.prefix_caching = m.prefix_caching
+        st.waiting = m.waiting
+        st.running = m.running
+        st.kv_usage = m.kv_usage
+        st.last_scrape = time.time()
+        if self.embedded:
+            await self.index.heartbeat(self.group, st.replica, self.options.heartbeat_ttl_s)
+
+    async def run(self) -> None:
+        """Background loop: scrape load, retry replicas that are not ready, expire dead ones."""
+        last_retry = 0.0
+        while True:
+            now = time.monotonic()
+            for st in list(self.replicas.values()):
+                if st.ready:
+                    try:
+                        await self._scrape(st)
+                        st.error = ""
+                    except Exception as exc:
+                        st.error = f"metrics unreachable: {exc}"
+                elif now - last_retry >= self.options.discovery_interval_s:
+                    await self._bring_up(st)
+            if now - last_retry >= self.options.discovery_interval_s:
+                last_retry = now
+                if self.embedded:
+                    try:
+                        await self.index.expire()
+                    except Exception:
+                        log.exception("litellm-kv: index expiry failed")
+            self._refresh_exactness()
+            await asyncio.sleep(self.options.scrape_interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=f"litellm-kv-fleet-{self.group}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for st in self.replicas.values():
+            if st.subscriber is not None:
+                await st.subscriber.stop()
+
+    # -- exactness ---------------------------------------------------------------------------------
+    def _refresh_exactness(self) -> None:
+        ready = [st for st in self.replicas.values() if st.ready]
+        why = ""
+        if not ready:
+            why = "no ready replica"
+        else:
+            sizes = {st.block_size for st in ready}
+            algos = {st.hash_algo for st in ready}
+            want_bs, want_algo = self.options.block_size, self.options.hash_algo
+            if None in sizes or None in algos:
+                why = "a replica does not report vllm:cache_config_info"
+            elif len(sizes) > 1 or len(algos) > 1:
+                why = f"replicas disagree: block sizes {sorted(map(str, sizes))}, algorithms {sorted(map(str, algos))}"
+            elif want_bs is not None and sizes != {want_bs}:
+                why = f"configured block_size {want_bs} but engines report {sizes.pop()}"
+            elif want_algo is not None and algos != {want_algo}:
+                why = f"configured hash_algo {want_algo} but engines report {algos.pop()}"
+            elif any(st.prefix_caching is False for st in ready):
+                why = "prefix caching is off on a replica"
+            else:
+                bad = [f"{st.replica}: {st.not_exact}" for st in ready if st.not_exact]
+                if bad:
+                    why = "exactness check failed (" + "; ".join(bad) + ")"
+        if why == "" and self._make_hasher() is None:
+            why = "hash settings cannot be reproduced (xxhash without a hash_seed)"
+        if why != self.not_exact_why:
+            if why:
+                log.warning("litellm-kv: group %s routes load-only: %s", self.group, why)
+            else:
+                log.info("litellm-kv: group %s routes exactly", self.group)
+        self.not_exact_why = why
+        GROUP_EXACT.labels(self.group).set(0 if why else 1)
+
+    def _make_hasher(self) -> BlockHasher | None:
+        ready = [st for st in self.replicas.values() if st.ready and st.block_size and st.hash_algo]
+        if not ready:
+            return None
+        algo = str(ready[0].hash_algo)
+        bs = int(ready[0].block_size or 0)
+        key = (algo, bs, self.options.hash_seed)
+        if key != self._hasher_key:
+            h = BlockHasher(algo=algo, block_size=bs, hash_seed=self.options.hash_seed)
+            self._hasher = h if h.exact_possible else None
+            self._hasher_key = key
+        return self._hasher
+
+    def hasher(self) -> BlockHasher | None:
+        """The hasher for routing, or None when predictions cannot be exact (see ``not_exact_why``)."""
+        return None if self.not_exact_why else self._make_hasher()
+
+    def hasher_for_checks(self, block_size: int | None = None) -> BlockHasher | None:
+        """A hasher for the exactness checker (ignores the group's current state)."""
+        h = self._make_hasher()
+        if h is not None and block_size is not None and block_size != h.block_size:
+            return BlockHasher(algo=h.algo, block_size=block_size, hash_seed=self.options.hash_seed)
+        return h
+
+    def lora_path(self, name: str) -> str | None:
+        if name in self.options.lora_paths:
+            return self.options.lora_paths[name]
+        for st in self.replicas.values():
+            if name in st.lora_roots:
+                return st.lora_roots[name]
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "model_group": self.group,
+            "exact": not self.not_exact_why,
+            "not_exact_why": self.not_exact_why or None,
+            "mode": "embedded" if self.embedded else "shared",
+            "replicas": [st.status() for st in self.replicas.values()],
+        }

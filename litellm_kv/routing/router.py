@@ -1,0 +1,167 @@
+"""One routing decision: tokens → block hashes → one index round trip → cost → replica.
+
+Pure of LiteLLM: the integration layer hands in token ids and candidate replica ids and gets a
+:class:`RoutingResult` back. Every reason the prediction could be wrong is checked here and turns
+the decision into a load-only one with a named reason (never a wrong prediction presented as exact).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from litellm_kv.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
+from litellm_kv.index.base import KVIndex, ReplicaMatch
+from litellm_kv.observability import counter, histogram
+from litellm_kv.routing.cost import Candidate, CostModel, Decision
+from litellm_kv.routing.load import ReplicaLoad
+from litellm_kv.routing.siblings import SiblingIndex
+
+DECISIONS = counter(
+    "routing_decisions",
+    "KV routing decisions by reason: cache, load, imbalance, unique, fallback (load-only because prediction "
+    "was impossible; see litellm_kv_routing_fallbacks_total), shadow (recorded, LiteLLM routed).",
+    ["model_group", "reason"],
+)
+FALLBACKS = counter(
+    "routing_fallbacks",
+    "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, index_unavailable, multimodal, "
+    "skip_prefix_cache, internal_error, no_candidates.",
+    ["model_group", "why"],
+)
+DECISION_SECONDS = histogram(
+    "routing_decision_seconds",
+    "Time to decide one request (tokenize + hash + index lookup + cost), seconds.",
+    ["model_group", "tokenizer"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
+LOOKUP_SECONDS = histogram(
+    "index_lookup_seconds",
+    "Index lookup time for one prompt (all replicas, one round trip), seconds.",
+    ["model_group", "backend"],
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25),
+)
+
+
+@dataclass(slots=True)
+class RoutingRequest:
+    """What the router needs to know about one request."""
+
+    token_ids: Sequence[int]
+    lora: tuple[str, str] | None = None
+    cache_salt: str | None = None
+    mm: Sequence[MMFeature] = ()
+    has_unhashable_media: bool = False  # images whose engine identifiers we cannot compute
+    skip_prefix_cache: bool = False  # prompt_logprobs: the engine will not read the cache
+
+
+@dataclass(slots=True, frozen=True)
+class EngineGauges:
+    """Load gauges scraped from a replica's /metrics (None when unknown)."""
+
+    waiting: int | None = None
+    running: int | None = None
+    kv_usage: float | None = None
+
+
+@dataclass(slots=True)
+class RoutingResult:
+    replica: str
+    reason: str
+    predicted_hit_tokens: int
+    prompt_tokens: int
+    wire_hashes: list[int] = field(default_factory=list)
+    hit_tokens: dict[str, int] = field(default_factory=dict)
+    exact: bool = True
+    fallback_why: str = ""
+
+
+class KVRouter:
+    """Decides among the replicas of one model group."""
+
+    def __init__(self, group: str, index: KVIndex, cost: CostModel, siblings: SiblingIndex,
+                 backend: str = "memory") -> None:
+        self.group = group
+        self.index = index
+        self.cost = cost
+        self.siblings = siblings
+        self.backend = backend
+
+    async def decide(
+        self,
+        request: RoutingRequest,
+        hasher: BlockHasher | None,
+        candidates: Sequence[str],
+        loads: dict[str, ReplicaLoad],
+        gauges: dict[str, EngineGauges],
+        *,
+        not_exact_why: str = "",
+    ) -> RoutingResult:
+        L = len(request.token_ids)
+        if not candidates:
+            raise ValueError("no candidate replicas")
+        why = not_exact_why
+        if not why and hasher is None:
+            why = "no_hasher"
+        if not why and request.has_unhashable_media:
+            why = "multimodal"
+        if not why and request.skip_prefix_cache:
+            why = "skip_prefix_cache"
+        if why:
+            return self._load_only(request, candidates, loads, gauges, why)
+        assert hasher is not None
+        try:
+            hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
+        except InexactHashError:
+            return self._load_only(request, candidates, loads, gauges, "not_exact")
+        t0 = time.perf_counter()
+        try:
+            matches = await self.index.lookup(self.group, hashes, list(candidates)) if hashes else {}
+        except Exception:
+            return self._load_only(request, candidates, loads, gauges, "index_unavailable")
+        LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
+        sib = self.siblings.lookup(hashes) if hashes else {}
+        cands = [
+            self._candidate(r, matches.get(r, ReplicaMatch()), loads.get(r), gauges.get(r), sib.get(r, 0))
+            for r in candidates
+        ]
+        d: Decision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
+        if hashes:
+            self.siblings.record(d.replica, hashes)
+        DECISIONS.labels(self.group, d.reason).inc()
+        # What the engine will report as cached_tokens: only blocks the index knows (sibling
+        # predictions are a routing hint, not a promise), capped by vLLM's maximum-hit rule.
+        limit = max_hit_blocks(L, hasher.block_size)
+        exact_hits = {r: min(m.blocks, limit) * hasher.block_size for r, m in matches.items() if m.blocks}
+        return RoutingResult(
+            replica=d.replica, reason=d.reason, predicted_hit_tokens=exact_hits.get(d.replica, 0), prompt_tokens=L,
+            wire_hashes=hashes, hit_tokens=exact_hits,
+        )
+
+    @staticmethod
+    def _candidate(
+        replica: str, match: ReplicaMatch, load: ReplicaLoad | None, g: EngineGauges | None, sibling_blocks: int
+    ) -> Candidate:
+        ld = load or ReplicaLoad()
+        g = g or EngineGauges()
+        return Candidate(
+            replica=replica, match=match, inflight_prefill_tokens=ld.prefill_tokens, inflight_decode=ld.decode,
+            engine_waiting=g.waiting, engine_running=g.running, kv_usage=g.kv_usage,
+            sibling_blocks=sibling_blocks, recent_prefill_tokens=ld.recent_tokens,
+        )
+
+    def _load_only(
+        self,
+        request: RoutingRequest,
+        candidates: Sequence[str],
+        loads: dict[str, ReplicaLoad],
+        gauges: dict[str, EngineGauges],
+        why: str,
+    ) -> RoutingResult:
+        FALLBACKS.labels(self.group, why).inc()
+        DECISIONS.labels(self.group, "fallback").inc()
+        cands = [self._candidate(r, ReplicaMatch(), loads.get(r), gauges.get(r), 0) for r in candidates]
+        d = self.cost.least_loaded(cands, reason="fallback")
+        return RoutingResult(replica=d.replica, reason="fallback", predicted_hit_tokens=0,
+                             prompt_tokens=len(request.token_ids), exact=False, fallback_why=why)
