@@ -269,9 +269,7 @@ class BlockHasher:
             token_ids = list(token_ids)
         # The LoRA key is the same on every block; building it once keeps block keys equal
         # by value for the memo (identity inside one block's key is what pickle sees).
-        lora_keys: tuple[tuple[Any, ...], ...] = (
-            ((_TAG_LORA, lora[0], lora[1]),) if lora is not None else ()
-        )
+        lora_keys: tuple[tuple[Any, ...], ...] = ((_TAG_LORA, lora[0], lora[1]),) if lora is not None else ()
         plain_keys: ExtraKeys = lora_keys or None
         last_mm_end = max((f.offset + f.length for f in mm), default=0)
         mm_idx = 0
@@ -346,9 +344,7 @@ def _mm_offset(feature: MMFeature) -> int:
     return feature.offset
 
 
-def _mm_keys(
-    mm: Sequence[MMFeature], start: int, end: int, idx: int
-) -> tuple[tuple[tuple[Any, ...], ...], int]:
+def _mm_keys(mm: Sequence[MMFeature], start: int, end: int, idx: int) -> tuple[tuple[tuple[Any, ...], ...], int]:
     """``("mm", identifier, offset - start)`` for the items overlapping ``[start, end)``,
     and the index to resume from for the next block. Mirrors vLLM's walk: items are sorted
     by offset and the walk stops at the first item that extends past the block."""
