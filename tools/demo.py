@@ -1,0 +1,159 @@
+"""The main job: real vLLM CPU replicas behind a real LiteLLM proxy with litellm-kv (embedded mode,
+in-memory index, no Redis), the same workload routed by litellm-kv and by LiteLLM's default
+``simple-shuffle``, and a table of what routing achieved.
+
+Run through ``bash scripts/demo.sh`` (which sets everything up first), or directly:
+``.venv/bin/python -m tools.demo [--replicas 2] [--groups 8] ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from litellm_kv.hashing import BlockHasher
+from litellm_kv.routing.fleet import replica_id
+from tests.support.engines import start_replicas
+from tests.support.proxy import MASTER_KEY, start_proxy
+from tests.support.workload import RunStats, format_table, make_workload, run_workload
+
+KV_GROUP = "tiny-kv"
+DEFAULT_GROUP = "tiny-default"
+
+
+def proxy_config(replicas: list[Any], model_dir: str) -> dict[str, Any]:
+    """Two model groups over the same replicas: one KV-routed, one with LiteLLM's default routing."""
+    model_list = []
+    for group in (KV_GROUP, DEFAULT_GROUP):
+        for i, r in enumerate(replicas):
+            model_list.append({
+                "model_name": group,
+                "litellm_params": {"model": "hosted_vllm/tiny", "api_base": f"{r.url}/v1", "api_key": "none"},
+                "model_info": {"id": f"{group}-replica-{i}"},
+            })
+    return {
+        "model_list": model_list,
+        "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 1},
+        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"],
+                             "request_timeout": 120},
+        "litellm_kv": {
+            "mode": "embedded",
+            "model_groups": {KV_GROUP: {"routing": "kv", "kv": {"tokenizer": "auto", "tokenizer_path": model_dir}}},
+        },
+    }
+
+
+async def engine_tokens(url: str, messages: list[dict[str, Any]]) -> list[int]:
+    async with httpx.AsyncClient(timeout=30) as c:
+        r = await c.post(f"{url}/tokenize", json={"model": "tiny", "messages": messages})
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+
+async def distinct_blocks(url: str, block_size: int, convs: list[Any]) -> int:
+    """Distinct full blocks the workload's prompts need (exact: engine tokenizer + vLLM hashing)."""
+    hasher = BlockHasher("sha256", block_size)
+    seen: set[bytes] = set()
+    for c in convs:
+        hist: list[dict[str, Any]] = [{"role": "system", "content": c.system}]
+        for u in c.user_turns:
+            hist.append({"role": "user", "content": u})
+            seen.update(hasher.block_hashes(await engine_tokens(url, hist)))
+            hist.append({"role": "assistant", "content": "x " * 12})
+    return len(seen)
+
+
+async def reset_caches(replicas: list[Any]) -> None:
+    async with httpx.AsyncClient(timeout=30) as c:
+        for r in replicas:
+            resp = await c.post(f"{r.url}/reset_prefix_cache")
+            resp.raise_for_status()
+
+
+async def wait_routing_ready(proxy_url: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=10) as c:
+        while time.monotonic() < deadline:
+            r = await c.get(f"{proxy_url}/litellm-kv/health", headers={"Authorization": f"Bearer {MASTER_KEY}"})
+            if r.status_code == 200:
+                last = r.json()
+                grp = ((last.get("routing") or {}).get("groups") or {}).get(KV_GROUP) or {}
+                if grp.get("exact") and all(x.get("ready") for x in grp.get("replicas", [])):
+                    return last
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"litellm-kv routing not ready: {last}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    print(f"[demo] starting {args.replicas} vLLM CPU replicas (tiny local model, KV cache {args.kv_cache})",
+          flush=True)
+    replicas = start_replicas(args.replicas, kv_cache_bytes=args.kv_cache, max_model_len=args.max_model_len)
+    proxy = None
+    try:
+        r0 = replicas[0]
+        info = await r0.cache_info()
+        bs, blocks = info["block_size"], info["num_blocks"]
+        convs = make_workload(groups=args.groups, convs_per_group=args.convs, turns=args.turns,
+                              system_words=args.system_words)
+        need = await distinct_blocks(r0.url, bs, convs)
+        fits_one = need <= blocks
+        fits_fleet = need <= blocks * len(replicas)
+        print(f"[demo] KV cache per replica: {blocks} blocks of {bs} tokens; workload needs {need} distinct blocks "
+              f"-> overflows one replica: {'yes' if not fits_one else 'NO'}, fits the fleet: "
+              f"{'yes' if fits_fleet else 'NO'}", flush=True)
+        print("[demo] starting the LiteLLM proxy with litellm-kv (embedded mode)", flush=True)
+        proxy = start_proxy(proxy_config(replicas, str(r0.model_dir)), name="demo-proxy")
+        await wait_routing_ready(proxy.url)
+        names = {}
+        for group in (KV_GROUP, DEFAULT_GROUP):
+            for i, r in enumerate(replicas):
+                names[f"{group}-replica-{i}"] = f"r{i}"
+        rows: list[RunStats] = []
+        for label, group in ((f"LiteLLM simple-shuffle", DEFAULT_GROUP), ("litellm-kv (embedded)", KV_GROUP)):
+            await reset_caches(replicas)
+            await asyncio.sleep(0.5)
+            print(f"[demo] running {len(convs) * args.turns} requests with {label}", flush=True)
+            rows.append(await run_workload(proxy.url, MASTER_KEY, group, convs, label=label,
+                                           concurrency=args.concurrency))
+        print()
+        print(format_table(rows, names))
+        base, kv = rows
+        ratio = kv.cached_ratio / base.cached_ratio if base.cached_ratio else float("inf")
+        print(f"\ncached-token ratio: litellm-kv / simple-shuffle = {ratio:.2f}x; "
+              f"mean latency {kv.mean_latency_ms:.0f} ms vs {base.mean_latency_ms:.0f} ms")
+        async with httpx.AsyncClient(timeout=10) as c:
+            m = await c.get(f"{proxy.url}/litellm-kv/metrics", headers={"Authorization": f"Bearer {MASTER_KEY}"})
+        checks = [ln for ln in m.text.splitlines() if ln.startswith("litellm_kv_prediction_checks_total")]
+        print("prediction checks (predicted vs engine-reported cached tokens):")
+        for ln in checks:
+            print("  " + ln)
+        return 0 if kv.failures == 0 and base.failures == 0 else 1
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        for r in replicas:
+            r.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--kv-cache", default="6M", help="KV cache bytes per replica (small: forces eviction)")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--convs", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--system-words", type=int, default=260)
+    ap.add_argument("--concurrency", type=int, default=4)
+    args = ap.parse_args(argv)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
