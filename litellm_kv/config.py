@@ -68,7 +68,7 @@ def _check_type(value: Any, tp: Any, path: str) -> Any:
         kt, vt = typing.get_args(tp) or (Any, Any)
         return {_check_type(k, kt, path): _check_type(v, vt, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return parse_section(tp, value, path)  # type: ignore[type-var]
+        return parse_section(tp, value, path)  # type: ignore[type-var,arg-type]
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: expected a number, got {value!r}")

@@ -15,7 +15,7 @@ from litellm_kv.hashing import BlockHasher, InexactHashError, MMFeature, max_hit
 from litellm_kv.index.base import KVIndex, ReplicaMatch
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, Decision
-from litellm_kv.routing.load import ReplicaLoad
+from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
 
 DECISIONS = counter(
@@ -93,7 +93,7 @@ class KVRouter:
         request: RoutingRequest,
         hasher: BlockHasher | None,
         candidates: Sequence[str],
-        loads: dict[str, ReplicaLoad],
+        loads: dict[str, TrackedLoad],
         gauges: dict[str, EngineGauges],
         *,
         not_exact_why: str = "",
@@ -141,9 +141,9 @@ class KVRouter:
 
     @staticmethod
     def _candidate(
-        replica: str, match: ReplicaMatch, load: ReplicaLoad | None, g: EngineGauges | None, sibling_blocks: int
+        replica: str, match: ReplicaMatch, load: TrackedLoad | None, g: EngineGauges | None, sibling_blocks: int
     ) -> Candidate:
-        ld = load or ReplicaLoad()
+        ld = load or TrackedLoad()
         g = g or EngineGauges()
         return Candidate(
             replica=replica, match=match, inflight_prefill_tokens=ld.prefill_tokens, inflight_decode=ld.decode,
@@ -155,7 +155,7 @@ class KVRouter:
         self,
         request: RoutingRequest,
         candidates: Sequence[str],
-        loads: dict[str, ReplicaLoad],
+        loads: dict[str, TrackedLoad],
         gauges: dict[str, EngineGauges],
         why: str,
     ) -> RoutingResult:
