@@ -109,7 +109,7 @@ def predicted_hit_tokens(leading_matched_blocks: int, num_prompt_tokens: int, bl
     return min(leading_matched_blocks, max_hit_blocks(num_prompt_tokens, block_size)) * block_size
 
 
-def wire_from_event_hash(value: int | bytes) -> int:
+def wire_from_event_hash(value: int | bytes | bytearray | memoryview) -> int:
     """Normalise a hash from a KV event (int by default, raw digest bytes when the engine runs
     with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) to the 64-bit wire form."""
     if isinstance(value, bytes | bytearray | memoryview):

@@ -1,0 +1,189 @@
+"""Unit tests of litellm_kv.hashing: the shared vLLM 0.33.0 vectors, the serialised bytes,
+the maximum-hit rule, the wire form and the prefix memo. (Differential tests against the
+installed vLLM are in test_hashing_vs_vllm.py.)"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from litellm_kv.hashing import (
+    DEFAULT_NONE_HASH_SEED,
+    HASH_ALGOS,
+    BlockHasher,
+    InexactHashError,
+    MMFeature,
+    hash_object,
+    max_hit_blocks,
+    predicted_hit_tokens,
+    resolve_none_hash_seed,
+    serialiser,
+    wire_from_event_hash,
+)
+
+VECTORS = Path(__file__).with_name("vectors")
+NONE_HASH_ENTRIES = json.loads((VECTORS / "none_hash.json").read_text())["entries"]
+TOKEN_CASES = json.loads((VECTORS / "token_block_hashes.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("entry", NONE_HASH_ENTRIES, ids=lambda e: f"{e['algo']}-{e['PYTHONHASHSEED']}")
+def test_none_hash_vectors(entry: dict[str, Any]) -> None:
+    h = BlockHasher(entry["algo"], 16, entry["PYTHONHASHSEED"])
+    if "none_hash_hex" not in entry:
+        assert not h.exact_possible
+        assert resolve_none_hash_seed(entry["algo"], None) is None
+        return
+    assert h.exact_possible
+    seed = resolve_none_hash_seed(entry["algo"], entry["PYTHONHASHSEED"])
+    assert seed == entry["resolved_seed_str"]
+    assert serialiser(entry["algo"])(seed).hex() == entry["serialized_seed_hex"]
+    assert h.none_hash.hex() == entry["none_hash_hex"]
+    assert len(h.none_hash) == entry["none_hash_len"]
+
+
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: f"{c['algo']}-{c['seq']}")
+def test_token_block_hash_vectors(case: dict[str, Any]) -> None:
+    h = BlockHasher(case["algo"], case["block_size"], case["PYTHONHASHSEED"])
+    assert h.none_hash.hex() == case["none_hash_hex"]
+    got = h.block_hashes(case["token_ids"])
+    assert [x.hex() for x in got] == case["block_hashes_hex"]
+    assert [str(BlockHasher.to_wire(x)) for x in got] == case["wire_u64"]
+    assert h.wire_hashes(case["token_ids"]) == [int(x) for x in case["wire_u64"]]
+    if "block0_serialized_hex" in case:
+        # stdlib pickle (protocol 5) and cbor2 canonical give the engine's exact bytes.
+        dumps = serialiser(case["algo"])
+        toks = case["token_ids"]
+        assert dumps((h.none_hash, tuple(toks[:16]), None)).hex() == case["block0_serialized_hex"]
+        if case["algo"] == "sha256":  # block 1's bytes carry block 0's hash as parent
+            assert dumps((got[0], tuple(toks[16:32]), None)).hex() == case["block1_serialized_hex"]
+    for row in case["prefix_table"]:
+        n = row["len"]
+        assert len(h.block_hashes(case["token_ids"][:n])) == row["num_full_blocks"]
+        assert (
+            predicted_hit_tokens(row["num_full_blocks"], n, case["block_size"]) == row["max_hit_tokens_if_all_cached"]
+        )
+
+
+def test_max_hit_rule() -> None:
+    assert [max_hit_blocks(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 0, 0, 1, 1, 2]
+    assert max_hit_blocks(142, 32) == 4  # 128 cached tokens, measured on a real engine
+    assert predicted_hit_tokens(10, 142, 32) == 128
+    assert predicted_hit_tokens(2, 142, 32) == 64
+
+
+def test_pickle_layout_of_extra_keys() -> None:
+    """The contract's byte layout (§1): ints by width, negative offsets as BININT, and the
+    repeated "mm" tag memoised (BINGET) while equal identifiers are written twice."""
+    key = (b"\x00" * 32, (1, 300, 70000, 2**40), (("mm", "id", -11), ("mm", "id2", 3)))
+    body = serialiser("sha256")(key)
+    assert body[:2] == b"\x80\x05" and body[2] == 0x95 and body.endswith(b".")
+    assert b"K\x01" in body and b"M\x2c\x01" in body and b"J\x70\x11\x01\x00" in body
+    assert b"J\xf5\xff\xff\xff" in body  # -11
+    assert body.count(b"\x8c\x02mm") == 1 and b"h" in body
+
+
+def test_to_wire_and_event_hash_forms() -> None:
+    digest32 = bytes(range(32))
+    digest16 = bytes(range(16))
+    assert BlockHasher.to_wire(digest32) == int.from_bytes(digest32, "big") & (2**64 - 1)
+    assert BlockHasher.to_wire(digest16) == int.from_bytes(digest16[8:], "big")
+    assert wire_from_event_hash(digest32) == BlockHasher.to_wire(digest32)
+    assert wire_from_event_hash(bytearray(digest16)) == BlockHasher.to_wire(digest16)
+    assert wire_from_event_hash(2**64 - 1) == 2**64 - 1
+    with pytest.raises(TypeError):
+        wire_from_event_hash(True)
+    with pytest.raises(TypeError):
+        wire_from_event_hash("ab")  # type: ignore[arg-type]
+
+
+def test_inexact_configuration_is_reported() -> None:
+    for algo in ("xxhash", "xxhash_cbor"):
+        h = BlockHasher(algo, 16, None)
+        assert not h.exact_possible
+        with pytest.raises(InexactHashError, match="PYTHONHASHSEED"):
+            h.block_hashes(list(range(32)))
+        assert BlockHasher(algo, 16, "0").exact_possible
+    assert BlockHasher("sha256", 16, None).exact_possible
+    assert resolve_none_hash_seed("sha256_cbor", None) == DEFAULT_NONE_HASH_SEED
+    assert BlockHasher("sha256", 16, 42).none_hash == BlockHasher("sha256", 16, "42").none_hash
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="builtin"):
+        BlockHasher("builtin", 16)
+    with pytest.raises(ValueError):
+        BlockHasher("sha256", 0)
+    with pytest.raises(ValueError):
+        BlockHasher("sha256", 64, hash_block_size=24)
+
+
+def test_extra_keys_change_exactly_the_blocks_vllm_says() -> None:
+    toks = list(range(1000, 1100))
+    h = BlockHasher("sha256", 16)
+    plain = h.block_hashes(toks)
+    salted = h.block_hashes(toks, cache_salt="t")
+    assert all(a != b for a, b in zip(plain, salted, strict=True))  # block 0 differs, the rest chain
+    image = h.block_hashes(toks, mm=[MMFeature("img", 40, 10)])
+    assert image[:2] == plain[:2] and image[2] != plain[2]
+    lora = h.block_hashes(toks, lora=("a", "/p1"))
+    assert lora[0] != plain[0] and lora != h.block_hashes(toks, lora=("a", "/p2"))
+    # Items may be given in any order; vLLM sees them sorted by offset.
+    two = [MMFeature("b", 50, 5), MMFeature("a", 3, 20)]
+    assert h.block_hashes(toks, mm=two) == h.block_hashes(toks, mm=sorted(two, key=lambda f: f.offset))
+
+
+def test_hash_block_size_picks_last_fine_hash() -> None:
+    toks = list(range(256))
+    fine = BlockHasher("sha256", 16).block_hashes(toks)
+    coarse = BlockHasher("sha256", 64, hash_block_size=16).block_hashes(toks)
+    assert coarse == fine[3::4]
+    assert hash_object("sha256", (BlockHasher("sha256", 16).none_hash, tuple(toks[:16]), None)) == fine[0]
+
+
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_memo_gives_identical_results_and_stays_bounded(algo: str) -> None:
+    rng = random.Random(1)
+    conversations = [[rng.randrange(50000) for _ in range(400)] for _ in range(6)]
+    ref = BlockHasher(algo, 16, "0", memo_blocks=0)
+    h = BlockHasher(algo, 16, "0", memo_blocks=64)
+    for _ in range(3):
+        for conv in conversations:
+            for turn in range(40, 401, 90):  # a growing conversation
+                assert h.block_hashes(conv[:turn]) == ref.block_hashes(conv[:turn])
+            assert h.memo_size() <= 64
+    assert ref.memo_size() == 0
+    h.clear_memo()
+    assert h.memo_size() == 0
+
+
+def test_memo_hits_skip_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    h = BlockHasher("sha256", 16)
+    toks = list(range(4000))
+    h.block_hashes(toks[:2000])
+    calls = 0
+    digest = h._digest
+
+    def counting(data: bytes) -> bytes:
+        nonlocal calls
+        calls += 1
+        return digest(data)
+
+    h._digest = counting
+    h.block_hashes(toks)
+    assert calls == 4000 // 16 - 2000 // 16  # only the new blocks were hashed
+
+
+def test_shared_prefix_fanout_beyond_memo_children() -> None:
+    h = BlockHasher("sha256", 16)
+    ref = BlockHasher("sha256", 16, memo_blocks=0)
+    system = list(range(64))
+    for user in range(20):  # 20 continuations of one parent block: more than the per-parent cap
+        toks = system + [100000 + user] * 32
+        assert h.block_hashes(toks) == ref.block_hashes(toks)
+    for user in range(20):
+        toks = system + [100000 + user] * 32
+        assert h.block_hashes(toks) == ref.block_hashes(toks)
