@@ -30,6 +30,7 @@ above the last one but whose timestamp is newer starts a new engine lifetime (vL
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from litellm_kv.index.base import BlockOp, ReplicaMatch
 KEY_PREFIX = "lkv"
 GROUPS_KEY = f"{KEY_PREFIX}:groups"
 LOOKUP_CHUNK = 64
+_U64 = (1 << 64) - 1
 
 # Shared Lua helpers, prepended to each script (Redis 7 runs Lua 5.1: no goto, no integer type).
 _PRELUDE = r"""
@@ -102,7 +104,7 @@ end
 
 # KEYS: blocks, ids, names, streams, groups
 # ARGV: group, rev_prefix, replica, stream, seq, ts, force, then ops:
-#   'C' (all blocks cleared) | 'o<delta>,<tier>,<n>' followed by n 8-byte hashes
+#   'C' (all blocks cleared) | 'o<delta>,<tier>' followed by its hashes packed (8 bytes each, big-endian)
 # Returns {status, last_seq, touched, purged}; status: applied | duplicate | gap | restart
 _APPLY = _PRELUDE + r"""
 local blocks, ids, names, streams = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -145,70 +147,75 @@ end
 local touched = 0
 local i = 8
 while i <= #ARGV do
-  local op = ARGV[i]
-  if op == 'C' then
+  if ARGV[i] == 'C' then
     purged = purged + purge(blocks, rev, id)
     i = i + 1
   else
-    local d, t, n = string.match(op, '^o(-?%d+),(%d+),(%d+)$')
-    d, t, n = tonumber(d), tonumber(t), tonumber(n)
-    for k = i + 1, i + n do touched = touched + bump(blocks, rev, ARGV[k], id, t, d) end
-    i = i + 1 + n
+    local d, t = string.match(ARGV[i], '^o(-?%d+),(%d+)$')
+    d, t = tonumber(d), tonumber(t)
+    local packed = ARGV[i + 1]
+    for k = 1, #packed, 8 do touched = touched + bump(blocks, rev, string.sub(packed, k, k + 7), id, t, d) end
+    i = i + 2
   end
 end
 if seq >= 0 then last = seq end
 return {status, last, touched, purged}
 """
 
-# KEYS: blocks, ids, names   ARGV: n_filter, filter names..., block hashes...
+# KEYS: blocks, ids, names   ARGV: packed block hashes (8 bytes each), then replica filter names
 # Returns a flat list: name, gpu, cpu, storage, name, ...
 _LOOKUP = r"""
 local blocks, ids, names = KEYS[1], KEYS[2], KEYS[3]
-local nf = tonumber(ARGV[1])
+local packed = ARGV[1]
 local allow = nil
-if nf > 0 then
+if #ARGV > 1 then
   allow = {}
   local any = false
-  for i = 2, 1 + nf do
+  for i = 2, #ARGV do
     local id = redis.call('HGET', ids, ARGV[i])
     if id then allow[tonumber(id)] = true; any = true end
   end
   if not any then return {} end
 end
-local active, done = nil, {}
+-- Replicas still matching: {id, counts per tier, the three entry prefixes to look for}.
+local active = nil
 local alive = 0
-local i, last = 2 + nf, #ARGV
+local n = #packed / 8
 local chunk = tonumber(__CHUNK__)
+local i = 1
 local stop = false
-while i <= last and not stop do
-  local j = math.min(i + chunk - 1, last)
-  local vals = redis.call('HMGET', blocks, unpack(ARGV, i, j))
+while i <= n and not stop do
+  local j = math.min(i + chunk - 1, n)
+  local fields = {}
+  for k = i, j do fields[k - i + 1] = string.sub(packed, 8 * k - 7, 8 * k) end
+  local vals = redis.call('HMGET', blocks, unpack(fields))
   for k = 1, #vals do
     local v = vals[k]
     if not v then stop = true; break end
-    local best = {}
-    for code in string.gmatch(v, ';(%d+):') do
-      code = tonumber(code)
-      local id, tier = math.floor(code / 4), code % 4
-      if (allow == nil or allow[id]) and (best[id] == nil or tier < best[id]) then best[id] = tier end
-    end
     if active == nil then
+      -- First block: every replica holding it starts a match at its fastest tier.
+      local best = {}
+      for code in string.gmatch(v, ';(%d+):') do
+        code = tonumber(code)
+        local id, tier = math.floor(code / 4), code % 4
+        if (allow == nil or allow[id]) and (best[id] == nil or tier < best[id]) then best[id] = tier end
+      end
       active = {}
       for id, tier in pairs(best) do
         local c = {0, 0, 0}
         c[tier + 1] = 1
-        active[id] = c
+        local b = id * 4
+        table.insert(active, {id, c, ';' .. b .. ':', ';' .. (b + 1) .. ':', ';' .. (b + 2) .. ':', true})
         alive = alive + 1
       end
     else
-      for id, c in pairs(active) do
-        local tier = best[id]
-        if tier == nil then
-          done[id] = c
-          active[id] = nil
-          alive = alive - 1
-        else
-          c[tier + 1] = c[tier + 1] + 1
+      for _, a in ipairs(active) do
+        if a[6] then
+          local c = a[2]
+          if string.find(v, a[3], 1, true) then c[1] = c[1] + 1
+          elseif string.find(v, a[4], 1, true) then c[2] = c[2] + 1
+          elseif string.find(v, a[5], 1, true) then c[3] = c[3] + 1
+          else a[6] = false; alive = alive - 1 end
         end
       end
     end
@@ -217,21 +224,27 @@ while i <= last and not stop do
   i = j + 1
 end
 local out = {}
-local function emit(id, c)
-  local name = redis.call('HGET', names, id)
+for _, a in ipairs(active or {}) do
+  local name = redis.call('HGET', names, a[1])
   if name then
-    table.insert(out, name); table.insert(out, c[1]); table.insert(out, c[2]); table.insert(out, c[3])
+    table.insert(out, name); table.insert(out, a[2][1]); table.insert(out, a[2][2]); table.insert(out, a[2][3])
   end
 end
-if active then for id, c in pairs(active) do emit(id, c) end end
-for id, c in pairs(done) do emit(id, c) end
 return out
 """.replace("__CHUNK__", str(LOOKUP_CHUNK))
 
-# KEYS: blocks, ids, names, hb   ARGV: rev_prefix, replica
+# KEYS: blocks, ids, names, hb, streams   ARGV: rev_prefix, replica, forget_streams (0/1)
+# Purge and (optionally) forget the replica's stream positions atomically, so no batch can land
+# between the two and then be applied again by the replay that follows.
 _PURGE = _PRELUDE + r"""
 local id = replica_id(KEYS[2], KEYS[3], ARGV[2], false)
 redis.call('ZREM', KEYS[4], ARGV[2])
+if ARGV[3] == '1' then
+  local prefix = ARGV[2] .. '#'
+  for _, s in ipairs(redis.call('HKEYS', KEYS[5])) do
+    if s == ARGV[2] or string.sub(s, 1, #prefix) == prefix then redis.call('HDEL', KEYS[5], s) end
+  end
+end
 if id == nil then return 0 end
 return purge(KEYS[1], ARGV[1] .. id, id)
 """
@@ -312,8 +325,8 @@ class _GroupKeys:
         return cls(base + "blocks", base + "ids", base + "names", base + "hb", base + "streams", base + "rev:")
 
 
-def _wire(h: int) -> bytes:
-    return (h & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big")
+def _pack(hashes: Sequence[int]) -> bytes:
+    return struct.pack(f">{len(hashes)}Q", *(h & _U64 for h in hashes))
 
 
 def _encode_ops(ops: Iterable[BlockOp | str]) -> list[bytes | str]:
@@ -326,8 +339,8 @@ def _encode_ops(ops: Iterable[BlockOp | str]) -> list[bytes | str]:
             continue
         if not op.hashes or op.delta == 0:
             continue
-        args.append(f"o{op.delta},{int(op.tier)},{len(op.hashes)}")
-        args.extend(_wire(h) for h in op.hashes)
+        args.append(f"o{op.delta},{int(op.tier)}")
+        args.append(_pack(op.hashes))
     return args
 
 
@@ -396,10 +409,15 @@ class RedisIndex:
     async def apply(self, group: str, replica: str, ops: Iterable[BlockOp]) -> int:
         return (await self.apply_batch(group, replica, ops)).touched
 
-    async def purge_replica(self, group: str, replica: str) -> int:
+    async def purge_replica(self, group: str, replica: str, *, forget_streams: bool = False) -> int:
+        """Drop a replica's entries in one script; with ``forget_streams`` also its event-stream
+        positions (``<replica>#<rank>``), so the next batch asks for a replay from 0."""
         k = self._k(group)
         self.round_trips += 1
-        return int(await self._purge(keys=[k.blocks, k.ids, k.names, k.hb], args=[k.rev_prefix, replica]))
+        return int(await self._purge(
+            keys=[k.blocks, k.ids, k.names, k.hb, k.streams],
+            args=[k.rev_prefix, replica, "1" if forget_streams else "0"],
+        ))
 
     async def heartbeat(self, group: str, replica: str, ttl_s: float) -> None:
         k = self._k(group)
@@ -415,11 +433,6 @@ class RedisIndex:
             out.extend((group, _text(name)) for name in dead)
         return out
 
-    async def forget_stream(self, group: str, stream: str) -> None:
-        """Drop the dedupe state of a stream (its replica left the configuration)."""
-        self.round_trips += 1
-        await self.client.hdel(self._k(group).streams, stream)
-
     # -- reads -------------------------------------------------------------------------------
 
     async def lookup(
@@ -431,8 +444,7 @@ class RedisIndex:
         names = list(replicas or ())
         if replicas is not None and not names:
             return {}
-        args: list[bytes | str] = [str(len(names)), *names]
-        args.extend(_wire(h) for h in block_hashes)
+        args: list[bytes | str] = [_pack(block_hashes), *names]
         self.round_trips += 1
         flat = await self._lookup(keys=[k.blocks, k.ids, k.names], args=args)
         out: dict[str, ReplicaMatch] = {}
