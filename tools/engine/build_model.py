@@ -24,7 +24,7 @@ import sysconfig
 from pathlib import Path
 
 # Bump when anything below changes the produced files.
-VERSION = "tiny-qwen2-v1"
+VERSION = "tiny-qwen2-v2"
 MARKER = "litellm_kv_model_version.txt"
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
@@ -51,17 +51,23 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 {%- for message in messages %}
 {%- if message.role == 'system' and loop.first %}
 {%- elif message.role == 'tool' %}
-{{- '<|im_start|>user\n<tool_response>\n' + (message.content if message.content is string else message.content | tojson) + '\n</tool_response><|im_end|>\n' }}
+{{- '<|im_start|>user\n<tool_response>\n' }}
+{{- message.content if message.content is string else message.content | tojson }}
+{{- '\n</tool_response><|im_end|>\n' }}
 {%- else %}
-{%- set content = message.content if message.content is string else '' %}
+{%- set ns = namespace(content=message.content if message.content is string else '') %}
 {%- if message.content is not string and message.content %}
-{%- for part in message.content %}{%- if part.type == 'text' %}{%- set content = content + part.text %}{%- endif %}{%- endfor %}
+{%- for part in message.content %}
+{%- if part.type == 'text' %}{%- set ns.content = ns.content + part.text %}{%- endif %}
+{%- endfor %}
 {%- endif %}
-{{- '<|im_start|>' + message.role + '\n' + content }}
+{{- '<|im_start|>' + message.role + '\n' + ns.content }}
 {%- if message.tool_calls %}
 {%- for tc in message.tool_calls %}
 {%- set fn = tc.function if tc.function is defined else tc %}
-{{- '\n<tool_call>\n{"name": "' + fn.name + '", "arguments": ' + (fn.arguments if fn.arguments is string else fn.arguments | tojson) + '}\n</tool_call>' }}
+{{- '\n<tool_call>\n{"name": "' + fn.name + '", "arguments": ' }}
+{{- fn.arguments if fn.arguments is string else fn.arguments | tojson }}
+{{- '}\n</tool_call>' }}
 {%- endfor %}
 {%- endif %}
 {{- '<|im_end|>\n' }}
@@ -72,12 +78,13 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
 {%- endif %}"""
 
-WORDS = (
+_WORD_TEXT = (
     "the a an of to in for on with cache block token prefix router replica engine model request "
     "prompt reply system user assistant tool budget reasoning image vision think answer fast slow "
     "red green blue data index hash chain event stream queue load cost credit tier memory disk "
     "python code function value list dict string number error retry config proxy key team spend"
-).split()
+)
+WORDS = _WORD_TEXT.split()
 
 
 def synthetic_corpus(rng: random.Random, lines: int) -> list[str]:

@@ -1,0 +1,32 @@
+"""Shared pytest fixtures.
+
+``engines``: two real vLLM CPU replicas (tiny local model, block size 32, sha256, 8 MiB KV
+cache = 256 blocks each so a modest workload forces eviction, KV events over ipc:// with a
+replay socket), started once per test session and stopped at its end. Tests must not assume
+the caches are empty: other tests share the replicas. A test that kills or restarts a replica
+must leave it running again (``EngineReplica.restart()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
+
+
+@pytest.fixture(scope="session")
+def engine_model() -> Path:
+    """Directory of the tiny test model (built once, deterministic)."""
+    return ensure_model()
+
+
+@pytest.fixture(scope="session")
+def engines(engine_model: Path) -> Iterator[list[EngineReplica]]:
+    reps = start_replicas(2, kv_cache_bytes="8M", block_size=32, events="ipc", name_prefix="engine")
+    try:
+        yield reps
+    finally:
+        stop_replicas(reps)
