@@ -264,80 +264,73 @@ class BlockHasher:
         cache_salt: str | None,
     ) -> list[bytes]:
         step = self.hash_block_size
-        n_blocks = len(token_ids) // step
         if not isinstance(token_ids, list):
             token_ids = list(token_ids)
         # The LoRA key is the same on every block; building it once keeps block keys equal
         # by value for the memo (identity inside one block's key is what pickle sees).
         lora_keys: tuple[tuple[Any, ...], ...] = ((_TAG_LORA, lora[0], lora[1]),) if lora is not None else ()
         plain_keys: ExtraKeys = lora_keys or None
-        last_mm_end = max((f.offset + f.length for f in mm), default=0)
+        # Blocks before this token may carry per-block keys (mm items, the salt on block 0).
+        keyed_until = max((f.offset + f.length for f in mm), default=0)
+        if cache_salt:
+            keyed_until = max(keyed_until, 1)
         mm_idx = 0
         dumps = self._dumps
         digest = self._digest
+        memo_on = self._memo_limit > 0
+        limit = self._memo_limit
         memo_new = self._memo_new
         memo_old = self._memo_old
-        memo_on = self._memo_limit > 0
+        size = self._memo_new_size
         out: list[bytes] = []
+        append = out.append
         parent = self.none_hash
-        for b in range(n_blocks):
-            start = b * step
+        for start in range(0, len(token_ids) // step * step, step):
             end = start + step
-            if (mm and start < last_mm_end) or (cache_salt and start == 0):
+            block = token_ids[start:end]
+            if start < keyed_until:
                 mm_keys, mm_idx = _mm_keys(mm, start, end, mm_idx) if mm else ((), mm_idx)
                 salt_keys = ((_TAG_SALT, cache_salt),) if cache_salt and start == 0 else ()
                 extra: ExtraKeys = (lora_keys + mm_keys + salt_keys) or None
             else:
                 extra = plain_keys
-            block = token_ids[start:end]
-            if memo_on:
-                children = memo_new.get(parent)
-                if children is None:
-                    children = memo_old.get(parent)
-                    if children is not None:
-                        children = self._promote(parent, children)
-                if children is not None:
-                    for c_tokens, c_extra, c_hash in children:
-                        if c_tokens == block and c_extra == extra:
-                            parent = c_hash
-                            break
-                    else:
-                        parent = self._remember(parent, block, extra, digest(dumps((parent, tuple(block), extra))))
-                else:
-                    parent = self._remember(parent, block, extra, digest(dumps((parent, tuple(block), extra))))
-            else:
+            if not memo_on:
                 parent = digest(dumps((parent, tuple(block), extra)))
-            out.append(parent)
+                append(parent)
+                continue
+            children = memo_new.get(parent)
+            if children is None:
+                children = memo_old.get(parent)
+                if children is not None:  # promote to the young generation
+                    memo_new[parent] = children
+                    size += len(children)
+            if children is None:
+                child = digest(dumps((parent, tuple(block), extra)))
+                memo_new[parent] = [(block, extra, child)]
+                size += 1
+            else:
+                for c_tokens, c_extra, c_hash in children:
+                    if c_tokens == block and c_extra == extra:
+                        child = c_hash
+                        break
+                else:
+                    child = digest(dumps((parent, tuple(block), extra)))
+                    children.insert(0, (block, extra, child))
+                    if len(children) > _MEMO_CHILDREN:
+                        children.pop()
+                    else:
+                        size += 1
+            if size >= limit:
+                memo_old = memo_new
+                memo_new = {}
+                size = 0
+            parent = child
+            append(child)
+        if memo_on:
+            self._memo_new = memo_new
+            self._memo_old = memo_old
+            self._memo_new_size = size
         return out
-
-    def _promote(
-        self, parent: bytes, children: list[tuple[list[int], ExtraKeys, bytes]]
-    ) -> list[tuple[list[int], ExtraKeys, bytes]]:
-        self._memo_new[parent] = children
-        self._memo_new_size += len(children)
-        self._maybe_rotate()
-        return children
-
-    def _remember(self, parent: bytes, block: list[int], extra: ExtraKeys, child: bytes) -> bytes:
-        children = self._memo_new.get(parent)
-        if children is None:
-            children = self._memo_old.get(parent)
-            children = [] if children is None else children
-            self._memo_new[parent] = children
-            self._memo_new_size += len(children)
-        children.insert(0, (block, extra, child))
-        if len(children) > _MEMO_CHILDREN:
-            children.pop()
-        else:
-            self._memo_new_size += 1
-        self._maybe_rotate()
-        return child
-
-    def _maybe_rotate(self) -> None:
-        if self._memo_new_size >= self._memo_limit:
-            self._memo_old = self._memo_new
-            self._memo_new = {}
-            self._memo_new_size = 0
 
 
 def _mm_offset(feature: MMFeature) -> int:
