@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -32,8 +33,11 @@ from litellm_kv.config import parse_section
 from litellm_kv.errors import ConfigError
 from tests.support.redis_server import RedisServer
 
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
+    "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
+    "xray", "yankee", "zulu",
+]
 
 
 def text(n: int, seed: int) -> str:
@@ -83,7 +87,7 @@ def digests(messages: list[dict[str, Any]], tools: Any = None, ns: str = "g") ->
 @pytest.mark.parametrize("marked", [False, True])
 def test_turn_n_prompt_is_a_boundary_of_turn_n_plus_1(marked: bool) -> None:
     turns = conversation(4, marked=marked)
-    for prev, nxt in zip(turns, turns[1:], strict=False):
+    for prev, nxt in itertools.pairwise(turns):
         assert digests(prev)[-1] in digests(nxt)
 
 
