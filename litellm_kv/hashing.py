@@ -130,7 +130,9 @@ class BlockHasher:
         hash_block_size: vLLM's hashing granularity (``--prefix-match-unit``); it must divide
             ``block_size``. A ``block_size`` block's hash is then the fine hash at the block's
             last fine index (``BlockHashListWithBlockSize``). Defaults to ``block_size``.
-        memo_blocks: bound of the prefix memo, in blocks (see :meth:`block_hashes`).
+        memo_tokens: bound of the prefix memo, in tokens of remembered blocks (0 disables
+            it). The default, 2**19 tokens (16 conversations of 32K tokens), costs about
+            30 MB at block size 16 and less at larger blocks (docs/hashing.md).
         none_hash: NONE_HASH itself, when known by other means; overrides ``hash_seed``.
 
     Not safe to share between threads (the memo is unsynchronised); one per event loop is
@@ -160,7 +162,7 @@ class BlockHasher:
         hash_seed: str | int | None = None,
         *,
         hash_block_size: int | None = None,
-        memo_blocks: int = 65536,
+        memo_tokens: int = 1 << 19,
         none_hash: bytes | None = None,
     ) -> None:
         _check_algo(algo)
@@ -169,8 +171,8 @@ class BlockHasher:
         fine = block_size if hash_block_size is None else hash_block_size
         if fine <= 0 or block_size % fine:
             raise ValueError(f"hash_block_size {fine} must divide block_size {block_size}")
-        if memo_blocks < 0:
-            raise ValueError("memo_blocks must be >= 0")
+        if memo_tokens < 0:
+            raise ValueError("memo_tokens must be >= 0")
         self.algo: str = algo
         self.block_size: int = block_size
         self.hash_block_size: int = fine
@@ -191,9 +193,9 @@ class BlockHasher:
             self.exact_possible = True
         # Prefix memo: parent hash -> up to _MEMO_CHILDREN (block tokens, extra keys, hash),
         # newest first. Two generations give an approximate LRU with O(1) upkeep: when the
-        # new generation holds memo_blocks/2 entries it becomes the old one and the previous
-        # old one is dropped, so at most memo_blocks children are held in all.
-        self._memo_limit = memo_blocks // 2
+        # young generation holds half the bound it becomes the old one and the previous old
+        # one is dropped, so at most memo_tokens / hash_block_size blocks are held in all.
+        self._memo_limit = memo_tokens // fine // 2
         self._memo_new: dict[bytes, list[tuple[list[int], ExtraKeys, bytes]]] = {}
         self._memo_old: dict[bytes, list[tuple[list[int], ExtraKeys, bytes]]] = {}
         self._memo_new_size = 0
@@ -246,7 +248,8 @@ class BlockHasher:
         return [int.from_bytes(h[-8:], "big") for h in self.block_hashes(token_ids, lora, mm, cache_salt)]
 
     def memo_size(self) -> int:
-        """Children currently held by the prefix memo (at most ``memo_blocks``)."""
+        """Blocks currently held by the prefix memo (at most ``memo_tokens / hash_block_size``;
+        a block shared by both generations is counted twice)."""
         return sum(len(c) for c in self._memo_new.values()) + sum(len(c) for c in self._memo_old.values())
 
     def clear_memo(self) -> None:

@@ -148,8 +148,8 @@ def test_hash_block_size_picks_last_fine_hash() -> None:
 def test_memo_gives_identical_results_and_stays_bounded(algo: str) -> None:
     rng = random.Random(1)
     conversations = [[rng.randrange(50000) for _ in range(400)] for _ in range(6)]
-    ref = BlockHasher(algo, 16, "0", memo_blocks=0)
-    h = BlockHasher(algo, 16, "0", memo_blocks=64)
+    ref = BlockHasher(algo, 16, "0", memo_tokens=0)
+    h = BlockHasher(algo, 16, "0", memo_tokens=64 * 16)
     for _ in range(3):
         for conv in conversations:
             for turn in range(40, 401, 90):  # a growing conversation
@@ -179,7 +179,7 @@ def test_memo_hits_skip_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_shared_prefix_fanout_beyond_memo_children() -> None:
     h = BlockHasher("sha256", 16)
-    ref = BlockHasher("sha256", 16, memo_blocks=0)
+    ref = BlockHasher("sha256", 16, memo_tokens=0)
     system = list(range(64))
     for user in range(20):  # 20 continuations of one parent block: more than the per-parent cap
         toks = system + [100000 + user] * 32
