@@ -6,7 +6,7 @@ parent of block 0 is ``NONE_HASH = H(serialise(seed))``. Serialisation is stdlib
 are hashed and every hash covers the whole prefix through chaining.
 
 This module is on the request path, so :class:`BlockHasher` memoises the chain: hashing a
-conversation that grew by one turn only hashes the new blocks (see ``memo_blocks``).
+conversation that grew by one turn only hashes the new blocks (see ``memo_tokens``).
 """
 
 from __future__ import annotations
