@@ -83,6 +83,9 @@ def build_app(args: argparse.Namespace) -> Starlette:
         toks = prompt_tokens(body)
         cached = st.cached(toks)
         n_reason = args.reasoning_words
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if template_kwargs.get("enable_thinking") is False or template_kwargs.get("thinking") is False:
+            n_reason = 0  # like a Qwen3/DeepSeek-V3.1 template with thinking switched off
         budget = body.get("thinking_token_budget")
         if isinstance(budget, int) and budget >= 0:
             n_reason = min(n_reason, budget)
@@ -99,7 +102,16 @@ def build_app(args: argparse.Namespace) -> Starlette:
             usage["completion_tokens_details"] = {"reasoning_tokens": n_reason}
         n_images = sum(1 for t in toks if t == "<image_url>")
         if args.image_tokens_each and n_images:
-            usage["prompt_tokens_details"]["multimodal_tokens"] = args.image_tokens_each * n_images
+            mm_tokens = args.image_tokens_each * n_images
+            # vLLM 0.32 reports {"image": n}; --mm-tokens-format int keeps the older bare count.
+            usage["prompt_tokens_details"]["multimodal_tokens"] = (
+                {"image": mm_tokens} if args.mm_tokens_format == "dict" else mm_tokens
+            )
+        if args.image_prompt_tokens and n_images:
+            # Like a vision engine: each image occupies that many prompt tokens instead of one.
+            extra = (args.image_prompt_tokens - 1) * n_images
+            usage["prompt_tokens"] += extra
+            usage["total_tokens"] += extra
         rid = f"chatcmpl-{args.name}-{len(st.requests)}"
         headers = {"x-fake-deployment": args.name}
         if body.get("stream"):
@@ -169,6 +181,9 @@ def main() -> None:
     ap.add_argument("--report-reasoning-tokens", action="store_true")
     ap.add_argument("--count-reasoning-in-completion", action="store_true")
     ap.add_argument("--image-tokens-each", type=int, default=0)
+    ap.add_argument("--mm-tokens-format", choices=["int", "dict"], default="int")
+    ap.add_argument("--image-prompt-tokens", type=int, default=0,
+                    help="prompt tokens each image occupies (0: one whitespace token, the default)")
     ap.add_argument("--delay-ms", type=float, default=0.0)
     args = ap.parse_args()
     uvicorn.run(build_app(args), host="127.0.0.1", port=args.port, log_level="warning")

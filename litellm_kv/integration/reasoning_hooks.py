@@ -1,0 +1,470 @@
+"""Reasoning budgets in the proxy: decide and enforce before the call, measure and charge after it.
+
+Before the call (:meth:`ReasoningHandler.pre_call`): resolve the key/team/group policy, read what
+the client asked for (any field), remove every client reasoning field, check period budgets (429),
+clamp or reject over the per-request maximum, and write the decided fields in the group's provider
+style (:func:`litellm_kv.reasoning.apply_decision`). The decision travels in the request metadata
+(``metadata.litellm_kv_reasoning``, always overwritten, so a client cannot forge it).
+
+After the call (deployment-level hooks, streams included): take ``reasoning_tokens`` from the
+provider's usage, else count ``reasoning_content`` with the group's tokenizer; write them into
+``usage`` (so LiteLLM prices them), charge the period budgets, put a breakdown in the spend log
+metadata, and remove ``reasoning_content`` when the key may not see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from litellm_kv.billing import (
+    record_breakdown,
+    reported_reasoning_tokens,
+    request_metadata_dicts,
+    set_reasoning_tokens,
+    usage_of,
+)
+from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
+from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
+from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.observability import counter
+from litellm_kv.policy import PolicyLayer, config_layer, metadata_layer
+from litellm_kv.reasoning import (
+    POLICY_FIELDS,
+    ClientAsk,
+    Decision,
+    GroupReasoningSettings,
+    ReasoningPolicy,
+    apply_decision,
+    estimate_tokens,
+    read_client_ask,
+    resolve_policy,
+    strip_client_reasoning,
+)
+
+log = logging.getLogger("litellm_kv.reasoning")
+
+METER = "reasoning_tokens"
+DECISION_KEY = "litellm_kv_reasoning"
+HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
+HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
+HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
+
+TOKENS_CHARGED = counter(
+    "reasoning_tokens_charged",
+    "Reasoning tokens written into usage and charged to period budgets, by model group and how they "
+    "were measured (reported by the provider, counted with the tokenizer, or estimated).",
+    ["model_group", "source"],
+)
+CLAMPS = counter(
+    "reasoning_clamps",
+    "Requests whose thinking budget was lowered, by model group and limit.",
+    ["model_group", "limit"],
+)
+DISABLED = counter(
+    "reasoning_disabled", "Requests served with thinking switched off by policy.", ["model_group", "reason"]
+)
+REJECTED = counter(
+    "reasoning_rejections", "Requests rejected by a reasoning limit.", ["model_group", "reason"]
+)
+NEUTRALISED = counter(
+    "reasoning_client_fields_removed", "Client reasoning fields removed before the call.", ["model_group", "field"]
+)
+HIDDEN = counter(
+    "reasoning_content_hidden", "Responses/chunks whose reasoning_content was removed (key may not see it).",
+    ["model_group"],
+)
+INVALID_METADATA = counter(
+    "reasoning_invalid_metadata", "Requests with malformed reasoning settings in key/team metadata.", ["action"]
+)
+
+
+class _Tokenizer:
+    """The group's tokenizer (Hugging Face ``tokenizers``), loaded once; ``None`` when not configured."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        self._tok = Tokenizer.from_file(str(p))
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+@dataclass(slots=True)
+class _StreamTally:
+    text: list[str] = field(default_factory=list)
+    done: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+def _decision_of(request_data: Mapping[str, Any]) -> Decision | None:
+    for md in request_metadata_dicts(request_data):
+        raw = md.get(DECISION_KEY)
+        if isinstance(raw, Mapping):
+            return Decision.from_json(raw)
+    return None
+
+
+def _model_group_of(request_data: Mapping[str, Any]) -> str:
+    for md in request_metadata_dicts(request_data):
+        raw = md.get(DECISION_KEY)
+        if isinstance(raw, Mapping) and raw.get("model_group"):
+            return str(raw["model_group"])
+    return str(request_data.get("model") or "")
+
+
+def _reasoning_text(container: Any) -> str:
+    """``reasoning_content`` (LiteLLM's name) or ``reasoning`` (vLLM >= 0.10's name) of a message/delta."""
+    if container is None:
+        return ""
+    for name in ("reasoning_content", "reasoning"):
+        value = container.get(name) if isinstance(container, Mapping) else getattr(container, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _hide_reasoning(container: Any) -> bool:
+    hid = False
+    for name in ("reasoning_content", "reasoning", "thinking_blocks"):
+        if isinstance(container, MutableMapping):
+            if container.get(name) is not None:
+                container[name] = None
+                hid = True
+        elif getattr(container, name, None) is not None:
+            setattr(container, name, None)
+            hid = True
+    psf = getattr(container, "provider_specific_fields", None)
+    if isinstance(psf, MutableMapping):
+        for name in ("reasoning_content", "reasoning"):
+            if psf.pop(name, None) is not None:
+                hid = True
+    return hid
+
+
+def _choices(obj: Any) -> list[Any]:
+    choices = obj.get("choices") if isinstance(obj, Mapping) else getattr(obj, "choices", None)
+    return list(choices or [])
+
+
+def _part(choice: Any, name: str) -> Any:
+    return choice.get(name) if isinstance(choice, Mapping) else getattr(choice, name, None)
+
+
+class ReasoningHandler(Handler):
+    """Per-key reasoning budgets (see :mod:`litellm_kv.reasoning` for the policy schema)."""
+
+    name = "reasoning"
+
+    def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
+        super().__init__(settings)
+        self._budgets = budgets
+        self._groups: dict[str, GroupReasoningSettings] = {}
+        self._tokenizers: dict[str, _Tokenizer | None] = {}
+        self._streams: dict[str, _StreamTally] = {}
+
+    # -- set-up ----------------------------------------------------------------------------------
+    @property
+    def budgets(self) -> PeriodBudgets:
+        if self._budgets is None:
+            self._budgets = make_period_budgets(self.settings.redis_url)
+        return self._budgets
+
+    async def shutdown(self) -> None:
+        if self._budgets is not None:
+            await self._budgets.close()
+
+    def enabled_for(self, group: ModelGroupSettings | None) -> bool:
+        """A model group is a reasoning group when its config has a non-empty ``reasoning`` section."""
+        return group is not None and bool(group.reasoning)
+
+    def group_settings(self, name: str) -> GroupReasoningSettings:
+        gs = self._groups.get(name)
+        if gs is None:
+            group = self.settings.group(name)
+            raw = dict(group.reasoning) if group is not None else {}
+            own = {k: v for k, v in raw.items() if k not in POLICY_FIELDS}
+            gs = parse_section(GroupReasoningSettings, own, f"litellm_kv.model_groups.{name}.reasoning")
+            self._groups[name] = gs
+        return gs
+
+    def tokenizer(self, group: str) -> _Tokenizer | None:
+        if group not in self._tokenizers:
+            path = self.group_settings(group).tokenizer if self.settings.group(group) else None
+            tok: _Tokenizer | None = None
+            if path:
+                try:
+                    tok = _Tokenizer(path)
+                except Exception:
+                    log.exception("litellm-kv: cannot load tokenizer %s for group %s; estimating", path, group)
+            self._tokenizers[group] = tok
+        return self._tokenizers[group]
+
+    # -- before the call -------------------------------------------------------------------------
+    def _policy(self, req: ProxyRequest, gs: GroupReasoningSettings) -> ReasoningPolicy:
+        caller = req.caller
+        mk = self.settings.metadata_key
+        config = config_layer(req.group.reasoning if req.group else {}, group=req.model_group, feature="reasoning")
+        key_scope = f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
+        team_scope = f"team:{caller.team_id}" if caller.team_id else None
+        try:
+            key = metadata_layer(caller.key_metadata, "reasoning", where=caller.key_label, metadata_key=mk)
+            team: PolicyLayer | None = None
+            if caller.team_id:
+                team = metadata_layer(caller.team_metadata, "reasoning", where=caller.team_label, metadata_key=mk)
+            return resolve_policy(key, team, config, key_scope=key_scope, team_scope=team_scope)
+        except MetadataError:
+            if gs.invalid_metadata == "reject":
+                INVALID_METADATA.labels("reject").inc()
+                raise
+            INVALID_METADATA.labels("ignore").inc()
+            log.warning("litellm-kv: ignoring malformed reasoning metadata of %s", caller.key_label, exc_info=True)
+            empty = PolicyLayer(caller.key_label, "metadata", {}, True)
+            return resolve_policy(empty, None, config, key_scope=key_scope, team_scope=None)
+
+    async def pre_call(self, req: ProxyRequest) -> None:
+        data = req.data
+        group = req.model_group
+        try:
+            gs = self.group_settings(group)
+        except ConfigError:
+            log.exception("litellm-kv: invalid reasoning config for group %s; not enforcing", group)
+            raise
+        policy = self._policy(req, gs)
+        ask = read_client_ask(data, gs.effort_budgets, gs.template_kwarg)
+        for name in strip_client_reasoning(data, gs.template_kwarg):
+            NEUTRALISED.labels(group, name).inc()
+        for md in request_metadata_dicts(data):
+            md.pop(DECISION_KEY, None)  # a client-sent decision is never trusted
+
+        decision = self._decide(policy, ask, req)
+        await self._check_periods(policy, decision, req, gs)
+        apply_decision(data, decision, gs)
+        if data.get("stream"):
+            # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
+            opts = data.get("stream_options")
+            data["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+
+        stored = {**decision.to_json(), "model_group": group}
+        if not isinstance(data.get("metadata"), dict):
+            data["metadata"] = {}
+        data["metadata"][DECISION_KEY] = stored
+        lm = data.get("litellm_metadata")
+        if isinstance(lm, dict):
+            lm[DECISION_KEY] = stored
+        req.response_headers[HEADER_BUDGET] = (
+            "off" if not decision.thinking else ("unlimited" if decision.budget is None else str(decision.budget))
+        )
+
+    def _decide(self, policy: ReasoningPolicy, ask: ClientAsk, req: ProxyRequest) -> Decision:
+        group = req.model_group
+        decision = Decision(thinking=True, budget=None, show_reasoning=policy.may_see_reasoning)
+        if not policy.thinking_allowed:
+            source = policy.allowed.source if policy.allowed else "policy"
+            if ask.explicit_on and policy.rejects_over_max:
+                REJECTED.labels(group, "not_allowed").inc()
+                raise PolicyViolation(
+                    400,
+                    f"Reasoning is not allowed for {req.caller.key_label} on model '{group}' "
+                    f"(set in {source}); the request asked for it with '{ask.field}'.",
+                    limit_name="reasoning.allowed", limit=False, value=ask.field, source=source,
+                )
+            DISABLED.labels(group, "not_allowed").inc()
+            decision.thinking, decision.budget, decision.disabled_by = False, 0, f"allowed=false ({source})"
+            req.response_headers[HEADER_DISABLED] = f"not allowed ({source})"
+            return decision
+        if ask.off:
+            decision.thinking, decision.budget = False, 0
+            return decision
+        requested = ask.budget
+        if requested is None and policy.default_budget is not None:
+            requested = policy.default_budget.value
+        decision.requested = requested
+        decision.budget = requested
+        mx = policy.max_budget
+        if mx is not None and (requested is None or requested > mx.value):
+            if requested is not None:
+                if policy.rejects_over_max:
+                    REJECTED.labels(group, "over_max").inc()
+                    raise PolicyViolation(
+                        400,
+                        f"Requested thinking budget {requested} (from '{ask.field or 'default_budget'}') exceeds "
+                        f"the maximum of {mx.value} reasoning tokens per request for {req.caller.key_label} on "
+                        f"model '{group}' (set in {mx.source}).",
+                        limit_name="reasoning.max_budget", limit=mx.value, value=requested, source=mx.source,
+                    )
+                CLAMPS.labels(group, "max_budget").inc()
+                decision.clamped_by = mx.source
+                req.response_headers[HEADER_CLAMPED] = (
+                    f"requested={requested}; budget={mx.value}; limit=max_budget; source={mx.source}"
+                )
+            decision.budget = mx.value
+        return decision
+
+    async def _check_periods(
+        self, policy: ReasoningPolicy, decision: Decision, req: ProxyRequest, gs: GroupReasoningSettings
+    ) -> None:
+        now = datetime.now(timezone.utc)
+        group = req.model_group
+        for pl in policy.periods:
+            decision.charges.append(
+                {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value, "source": pl.limit.source}
+            )
+            try:
+                state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
+            except BudgetStoreError as exc:
+                REJECTED.labels(group, "store_unavailable").inc()
+                raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
+                                      limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
+            if not decision.thinking:
+                continue
+            if state.exhausted:
+                reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                if gs.period_exhausted == "no_thinking":
+                    DISABLED.labels(group, f"{pl.period.value}_budget_spent").inc()
+                    decision.thinking, decision.budget = False, 0
+                    decision.disabled_by = f"{pl.period.value} budget of {pl.scope_label} spent until {reset}"
+                    req.response_headers[HEADER_DISABLED] = decision.disabled_by
+                    continue
+                REJECTED.labels(group, f"{pl.period.value}_budget_spent").inc()
+                retry = state.retry_after_seconds(now)
+                raise PolicyViolation(
+                    429,
+                    f"Reasoning token budget spent: {pl.scope_label} has used {state.used} of {state.limit} "
+                    f"reasoning tokens this {pl.period.value} on model '{group}' (limit set in {pl.limit.source}). "
+                    f"It resets at {reset} (in {retry} s).",
+                    limit_name=f"reasoning.tokens_per_{pl.period.value}", limit=state.limit, value=state.used,
+                    source=pl.limit.source,
+                    headers={"Retry-After": str(retry), "x-litellm-kv-reasoning-reset": reset},
+                )
+            if decision.budget is None or decision.budget > state.remaining:
+                # Never let one request think past what is left of the period.
+                CLAMPS.labels(group, f"tokens_per_{pl.period.value}").inc()
+                decision.clamped_by = f"{pl.period.value} budget of {pl.scope_label} ({pl.limit.source})"
+                req.response_headers[HEADER_CLAMPED] = (
+                    f"requested={decision.requested if decision.requested is not None else 'unlimited'}; "
+                    f"budget={state.remaining}; limit=tokens_per_{pl.period.value}; source={pl.limit.source}"
+                )
+                decision.budget = state.remaining
+
+    # -- after the call --------------------------------------------------------------------------
+    def _count(self, group: str, text: str) -> tuple[int, str]:
+        tok = self.tokenizer(group) if group else None
+        if tok is not None:
+            return tok.count(text), "tokenizer"
+        return estimate_tokens(text), "estimate"
+
+    async def _settle(
+        self, targets: list[dict[str, Any]], decision: Decision, group: str, usage: Any, text: str
+    ) -> None:
+        """Write reasoning tokens into ``usage``, charge the period budgets, record the breakdown."""
+        reported = reported_reasoning_tokens(usage)
+        if reported is not None:
+            tokens, source = reported, "reported"
+        elif text:
+            tokens, source = self._count(group, text)
+        else:
+            tokens, source = 0, "none"
+        gs = self.group_settings(group) if self.settings.group(group) else GroupReasoningSettings()
+        if tokens and reported is None:
+            set_reasoning_tokens(usage, tokens, add_to_completion=not gs.completion_includes_reasoning)
+        if tokens:
+            TOKENS_CHARGED.labels(group, source).inc(tokens)
+            now = datetime.now(timezone.utc)
+            for ch in decision.charges:
+                try:
+                    await self.budgets.charge(ch["scope"], METER, Period(ch["period"]), tokens, now=now)
+                except BudgetStoreError:
+                    log.warning("litellm-kv: could not charge %s reasoning tokens to %s", tokens, ch["scope"])
+        breakdown = {
+            "reasoning_tokens": tokens,
+            "measured_by": source,
+            "budget": decision.budget if decision.thinking else 0,
+            "requested": decision.requested,
+            "clamped_by": decision.clamped_by,
+            "disabled_by": decision.disabled_by,
+            "charged_to": [f"{c['scope']}/{c['period']}" for c in decision.charges],
+        }
+        for target in targets:
+            record_breakdown(target, "reasoning", breakdown)
+
+    async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
+        decision = _decision_of(request_data)
+        if decision is None:
+            return
+        group = _model_group_of(request_data)
+        text = "".join(_reasoning_text(_part(c, "message")) for c in _choices(response))
+        usage = usage_of(response)
+        if usage is not None:
+            await self._settle([request_data], decision, group, usage, text)
+        if not decision.show_reasoning and any(
+            [_hide_reasoning(_part(c, "message")) for c in _choices(response)]
+        ):
+                HIDDEN.labels(group).inc()
+
+    async def post_success(self, data: dict[str, Any], response: Any) -> None:
+        decision = _decision_of(data)
+        if decision is not None and not decision.show_reasoning:
+            for c in _choices(response):
+                _hide_reasoning(_part(c, "message"))
+
+    async def stream_chunk(self, data: dict[str, Any], chunk: Any) -> None:
+        """Tally streamed reasoning (before hiding it) for :meth:`log_success`.
+
+        LiteLLM 1.110 passes only a stream's *final* chunk to the deployment-level streaming hook and
+        keeps the usage chunk to itself, so streams are measured here and settled after the call.
+        """
+        decision = _decision_of(data)
+        if decision is None:
+            return
+        call_id = str(data.get("litellm_call_id") or "")
+        tally = self._streams.get(call_id) if call_id else None
+        if call_id and tally is None:
+            tally = self._streams[call_id] = _StreamTally()
+            self._forget_stale_streams()
+        for c in _choices(chunk):
+            delta = _part(c, "delta")
+            text = _reasoning_text(delta)
+            if text and tally is not None:
+                tally.text.append(text)
+            if not decision.show_reasoning and _hide_reasoning(delta):
+                HIDDEN.labels(_model_group_of(data)).inc()
+
+    async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
+        """Streams: charge budgets and record the breakdown once the whole stream was logged."""
+        if not kwargs.get("stream"):
+            return
+        decision = _decision_of(kwargs)
+        if decision is None:
+            return
+        call_id = str(kwargs.get("litellm_call_id") or "")
+        tally = self._streams.pop(call_id, None)
+        group = _model_group_of(kwargs)
+        usage = usage_of(response)
+        text = "".join(tally.text) if tally is not None else "".join(
+            _reasoning_text(_part(c, "message")) for c in _choices(response)
+        )
+        targets: list[dict[str, Any]] = [kwargs]
+        slo = kwargs.get("standard_logging_object")
+        if isinstance(slo, dict):
+            targets.append(slo)  # what the spend-log writer reads
+        await self._settle(targets, decision, group, usage if usage is not None else {}, text)
+
+    def _forget_stale_streams(self) -> None:
+        # Streams abandoned by the client never send usage; bound the tally table.
+        if len(self._streams) < 1024:
+            return
+        cutoff = time.monotonic() - 3600
+        for key, tally in list(self._streams.items()):
+            if tally.started < cutoff:
+                self._streams.pop(key, None)
