@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
+from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
-from litellm_kv.routing.fleet import replica_id
 from tests.support.engines import start_replicas
 from tests.support.proxy import MASTER_KEY, start_proxy
 from tests.support.workload import RunStats, format_table, make_workload, run_workload
@@ -93,12 +93,15 @@ async def wait_routing_ready(proxy_url: str, timeout: float = 60) -> dict[str, A
 async def main_async(args: argparse.Namespace) -> int:
     print(f"[demo] starting {args.replicas} vLLM CPU replicas (tiny local model, KV cache {args.kv_cache})",
           flush=True)
-    replicas = start_replicas(args.replicas, kv_cache_bytes=args.kv_cache, max_model_len=args.max_model_len)
+    # VLLM_SERVER_DEV_MODE exposes POST /reset_prefix_cache, used to start both runs cold.
+    replicas = start_replicas(args.replicas, kv_cache_bytes=args.kv_cache, env={"VLLM_SERVER_DEV_MODE": "1"},
+                              name_prefix="demo")
     proxy = None
     try:
         r0 = replicas[0]
-        info = await r0.cache_info()
-        bs, blocks = info["block_size"], info["num_blocks"]
+        async with EngineClient(r0.url) as client:
+            info = await client.metrics()
+        bs, blocks = int(info.block_size or 0), int(info.num_gpu_blocks or 0)
         convs = make_workload(groups=args.groups, convs_per_group=args.convs, turns=args.turns,
                               system_words=args.system_words)
         need = await distinct_blocks(r0.url, bs, convs)
@@ -110,12 +113,9 @@ async def main_async(args: argparse.Namespace) -> int:
         print("[demo] starting the LiteLLM proxy with litellm-kv (embedded mode)", flush=True)
         proxy = start_proxy(proxy_config(replicas, str(r0.model_dir)), name="demo-proxy")
         await wait_routing_ready(proxy.url)
-        names = {}
-        for group in (KV_GROUP, DEFAULT_GROUP):
-            for i, r in enumerate(replicas):
-                names[f"{group}-replica-{i}"] = f"r{i}"
+        names = {f"{g}-replica-{i}": f"r{i}" for g in (KV_GROUP, DEFAULT_GROUP) for i in range(len(replicas))}
         rows: list[RunStats] = []
-        for label, group in ((f"LiteLLM simple-shuffle", DEFAULT_GROUP), ("litellm-kv (embedded)", KV_GROUP)):
+        for label, group in (("LiteLLM simple-shuffle", DEFAULT_GROUP), ("litellm-kv (embedded)", KV_GROUP)):
             await reset_caches(replicas)
             await asyncio.sleep(0.5)
             print(f"[demo] running {len(convs) * args.turns} requests with {label}", flush=True)
@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--kv-cache", default="6M", help="KV cache bytes per replica (small: forces eviction)")
-    ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--convs", type=int, default=3)
     ap.add_argument("--turns", type=int, default=4)
