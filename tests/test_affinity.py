@@ -329,3 +329,19 @@ async def test_too_short_prompt_gives_no_opinion() -> None:
     router = make_router(FakeClock())
     d = await router.choose([{"role": "user", "content": "hello"}], None, DEPS)
     assert d.deployment is None and d.reason == "too_short"
+
+
+def test_docs_list_every_option_and_metric() -> None:
+    import dataclasses
+
+    from litellm_kv.observability import declared_metrics
+    from tests.support.procs import ROOT
+
+    page = (ROOT / "docs" / "affinity.md").read_text()
+    for f in dataclasses.fields(AffinityOptions):
+        assert f"| `{f.name}` |" in page, f.name
+    import litellm_kv.integration.affinity_hooks  # noqa: F401  (declares the metrics)
+
+    for name in declared_metrics():
+        if name.startswith("litellm_kv_affinity_"):
+            assert f"`{name}_total`" in page, name
