@@ -188,6 +188,11 @@ class InMemoryIndex:
         groups = self._groups.values() if group is None else [self._groups[group]] if group in self._groups else []
         return sum(len(t) for g in groups for t in g.counts.values())
 
+    def snapshot(self, group: str, replica: str) -> dict[int, int]:
+        """A copy of one replica's entries: hash -> packed tier counts (tests, diagnostics)."""
+        g = self._groups.get(group)
+        return dict(g.counts.get(replica, {})) if g is not None else {}
+
     def count(self, group: str, replica: str, block_hash: int, tier: Tier = Tier.GPU) -> int:
         """Reference count of one hash on one tier (tests and diagnostics)."""
         g = self._groups.get(group)

@@ -24,7 +24,7 @@ import sysconfig
 from pathlib import Path
 
 # Bump when anything below changes the produced files.
-VERSION = "tiny-qwen2-v2"
+VERSION = "tiny-qwen2-v3"
 MARKER = "litellm_kv_model_version.txt"
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
@@ -39,29 +39,26 @@ EXTRA_ADDED = ["<tool_call>", "</tool_call>"]
 
 # Qwen3-style ChatML template. Tools are rendered into the system turn so they change the
 # prompt tokens; enable_thinking=false appends an empty think block to the generation prompt.
-CHAT_TEMPLATE = r"""{%- if tools %}
+CHAT_TEMPLATE = r"""{%- macro text(content) %}
+{%- if content is string %}{{- content }}
+{%- elif content %}{%- for part in content %}{%- if part.type == 'text' %}{{- part.text }}{%- endif %}{%- endfor %}
+{%- endif %}
+{%- endmacro %}
+{%- if tools %}
 {{- '<|im_start|>system\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{%- if messages[0].role == 'system' %}{{- text(messages[0].content) + '\n\n' }}{%- endif %}
 {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>' }}
 {%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}
 {{- '\n</tools>\n\nFor each function call, return a json object inside <tool_call></tool_call> tags.<|im_end|>\n' }}
 {%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' }}
 {%- endif %}
 {%- for message in messages %}
 {%- if message.role == 'system' and loop.first %}
 {%- elif message.role == 'tool' %}
-{{- '<|im_start|>user\n<tool_response>\n' }}
-{{- message.content if message.content is string else message.content | tojson }}
-{{- '\n</tool_response><|im_end|>\n' }}
+{{- '<|im_start|>user\n<tool_response>\n' + text(message.content) + '\n</tool_response><|im_end|>\n' }}
 {%- else %}
-{%- set ns = namespace(content=message.content if message.content is string else '') %}
-{%- if message.content is not string and message.content %}
-{%- for part in message.content %}
-{%- if part.type == 'text' %}{%- set ns.content = ns.content + part.text %}{%- endif %}
-{%- endfor %}
-{%- endif %}
-{{- '<|im_start|>' + message.role + '\n' + ns.content }}
+{{- '<|im_start|>' + message.role + '\n' + text(message.content) }}
 {%- if message.tool_calls %}
 {%- for tc in message.tool_calls %}
 {%- set fn = tc.function if tc.function is defined else tc %}
