@@ -75,8 +75,9 @@ class CostConfig:
         default=1024.0,
     )
     recent_weight: float = doc(
-        "Weight of the decayed sum of prefill tokens recently sent to a replica. Keeps the load "
-        "signal alive between turns of paced sessions, when nothing is in flight. 0 disables it.",
+        "Weight of the decayed sum of prefill tokens recently sent to a replica, beyond those "
+        "still in flight. Keeps the load signal alive between turns of paced sessions, when "
+        "nothing is in flight. 0 disables it.",
         default=0.25,
     )
     kv_usage_threshold: float = doc(
@@ -158,7 +159,8 @@ def replica_load(cfg: CostConfig, c: Candidate) -> float:
     if c.engine_running is not None:
         decode = max(decode, c.engine_running)
     load = cfg.prefill_load_scale * prefill + cfg.decode_token_weight * decode
-    load += cfg.recent_weight * c.recent_prefill_tokens
+    # Recent work still in flight is already counted above.
+    load += cfg.recent_weight * max(0.0, c.recent_prefill_tokens - c.inflight_prefill_tokens)
     if c.kv_usage is not None and c.kv_usage > cfg.kv_usage_threshold:
         span = max(1e-9, 1.0 - cfg.kv_usage_threshold)
         load += cfg.kv_usage_penalty_tokens * min(1.0, (c.kv_usage - cfg.kv_usage_threshold) / span)

@@ -10,7 +10,6 @@ from the engine-event index: they are predictions, and they expire on their own.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,65 +27,75 @@ class SiblingConfig:
 
 
 class SiblingIndex:
-    """block hash -> {replica: expiry}; lookups count leading blocks per replica."""
+    """block hash -> {replica: expiry}; lookups count leading blocks per replica.
+
+    Two generations of entries: records go to the current one, which becomes the previous one
+    every TTL, when the older generation is dropped whole. Expired entries still present are
+    ignored at lookup. ``record`` costs one dict write per block, expiry nothing per entry.
+    """
 
     def __init__(self, ttl_s: float = 5.0, max_entries: int = 200_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        # Insertion-ordered by expiry (constant TTL), so expiry pops from the front.
-        self._entries: OrderedDict[tuple[int, str], float] = OrderedDict()
-        self._by_hash: dict[int, dict[str, float]] = {}
+        self._cur: dict[int, dict[str, float]] = {}
+        self._prev: dict[int, dict[str, float]] = {}
+        self._rotated = clock()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._cur) + len(self._prev)
+
+    def _rotate(self, now: float) -> None:
+        if now - self._rotated >= self.ttl_s or len(self._cur) >= self.max_entries // 2:
+            self._prev = self._cur
+            self._cur = {}
+            self._rotated = now
 
     def record(self, replica: str, block_hashes: Sequence[int]) -> None:
         now = self._clock()
-        self._expire(now)
+        self._rotate(now)
         until = now + self.ttl_s
+        cur = self._cur
         for h in block_hashes:
-            key = (h, replica)
-            if key in self._entries:
-                self._entries.move_to_end(key)
-            self._entries[key] = until
-            self._by_hash.setdefault(h, {})[replica] = until
-        while len(self._entries) > self.max_entries:
-            self._drop_first()
+            holders = cur.get(h)
+            if holders is None:
+                cur[h] = {replica: until}
+            else:
+                holders[replica] = until
+
+    def _holders(self, h: int) -> dict[str, float] | None:
+        a = self._cur.get(h)
+        b = self._prev.get(h)
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return {**b, **a}
 
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks of the chain each replica is predicted to hold."""
-        now = self._clock()
-        self._expire(now)
         if not block_hashes:
             return {}
-        first = self._by_hash.get(block_hashes[0])
+        now = self._clock()
+        self._rotate(now)
+        first = self._holders(block_hashes[0])
         if not first:
             return {}
         out: dict[str, int] = {}
-        for replica in first:
+        cur, prev = self._cur, self._prev
+        for replica, until in first.items():
+            if until <= now:
+                continue
             n = 0
             for h in block_hashes:
-                holders = self._by_hash.get(h)
-                if holders is None or replica not in holders:
-                    break
+                a = cur.get(h)
+                t = a.get(replica, 0.0) if a is not None else 0.0
+                if t <= now:
+                    b = prev.get(h)
+                    t = b.get(replica, 0.0) if b is not None else 0.0
+                    if t <= now:
+                        break
                 n += 1
             out[replica] = n
         return out
-
-    def _expire(self, now: float) -> None:
-        entries = self._entries
-        while entries:
-            _key, until = next(iter(entries.items()))
-            if until > now:
-                break
-            self._drop_first()
-
-    def _drop_first(self) -> None:
-        (h, replica), _ = self._entries.popitem(last=False)
-        holders = self._by_hash.get(h)
-        if holders is not None:
-            holders.pop(replica, None)
-            if not holders:
-                del self._by_hash[h]
