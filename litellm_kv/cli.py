@@ -1,0 +1,63 @@
+"""The ``litellm-kv`` command: one subcommand per function, registered in :data:`SUBCOMMANDS`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from litellm_kv.errors import ConfigError
+
+
+def _indexer(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("indexer", help="Feed the shared Redis KV index from vLLM replicas' KV events.")
+    p.add_argument("--config", required=True, help="indexer YAML file (see docs/indexer.md)")
+    p.add_argument("--host", default=None, help="override the config's host")
+    p.add_argument("--port", type=int, default=None, help="override the config's port")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_indexer)
+
+
+def run_indexer(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from litellm_kv.indexer.app import create_app
+    from litellm_kv.indexer.config import load_indexer_config
+    from litellm_kv.indexer.service import Indexer
+
+    cfg = load_indexer_config(args.config)
+    if args.host:
+        cfg.host = args.host
+    if args.port:
+        cfg.port = args.port
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(Indexer(cfg))
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
+    return 0
+
+
+# Each entry adds one subparser and sets ``func``; other subcommands (demo, bench,
+# config-reference) register here the same way.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_indexer]  # type: ignore[type-arg]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="litellm-kv", description="litellm-kv tools")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"litellm-kv: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Configuration of ``litellm-kv indexer`` (a YAML file; every field documented here)."""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from litellm_kv.config import doc, parse_section
+from litellm_kv.errors import ConfigError
+
+HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+
+
+@dataclass(slots=True)
+class ReplicaConfig:
+    """One vLLM replica (``model_groups.<g>.replicas[i]``)."""
+
+    api_base: str = doc(
+        "Base URL of the vLLM server (http://host:port, a trailing /v1 is ignored). The replica's id in "
+        "the index is scheme://host:port of it, the same id proxies derive from the deployment's api_base."
+    )
+    event_endpoints: list[str] = doc(
+        "ZMQ endpoints of the engine's KV-event publisher, one per data-parallel rank. Empty: discovered "
+        "from the replica's GET /kv_event_sources (tcp://*:P becomes tcp://<api_base host>:P).",
+        default_factory=list,
+    )
+    replay_endpoints: list[str] = doc(
+        "ZMQ replay (ROUTER) endpoints, aligned with event_endpoints. Empty: discovered. Without a replay "
+        "endpoint a gap or an indexer restart purges the replica and re-learns from live events.",
+        default_factory=list,
+    )
+    topic: str | None = doc("KV-event topic. None: discovered (vLLM's default is '').", default=None)
+    bind: bool = doc(
+        "Bind the subscriber socket instead of connecting: needed when the engine's publisher endpoint is "
+        "a concrete tcp://host:port (vLLM then connects to it). Only one indexer can bind an address.",
+        default=False,
+    )
+
+
+@dataclass(slots=True)
+class GroupConfig:
+    """One model group (``model_groups.<name>``; the name is LiteLLM's model_name)."""
+
+    replicas: list[ReplicaConfig] = doc("The group's vLLM replicas.", default_factory=list)
+    hash_seed: str | None = doc(
+        "The engines' PYTHONHASHSEED if they run with one (seeds vLLM's NONE_HASH; cannot be read from "
+        "the engine). None: the top-level hash_seed.",
+        default=None,
+    )
+    block_size: int | None = doc(
+        "Expected KV block size. None: read from vllm:cache_config_info; when set and an engine reports "
+        "another value the replica is marked not exact.",
+        default=None,
+    )
+    hash_algo: HashAlgo | None = doc(
+        "Expected --prefix-caching-hash-algo. None: read from vllm:cache_config_info.", default=None
+    )
+
+
+@dataclass(slots=True)
+class IndexerConfig:
+    """``litellm-kv indexer --config FILE``: feeds the shared Redis index from the engines' KV events."""
+
+    redis_url: str = doc(
+        "Redis URL of the shared index: redis://[:password@]host:port/db, rediss:// for TLS."
+    )
+    model_groups: dict[str, GroupConfig] = doc(
+        "Model groups to index, keyed by LiteLLM model_name.", default_factory=dict
+    )
+    host: str = doc("Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics).",
+                    default="127.0.0.1")
+    port: int = doc("Port of the HTTP API.", default=8790)
+    hash_seed: str | None = doc("Default PYTHONHASHSEED of the engines (see model_groups.<g>.hash_seed).",
+                                default=None)
+    exactness_sample_rate: float = doc(
+        "Fraction of BlockStored events whose hash chain is recomputed from their token ids and compared "
+        "with the engine's hashes (0 disables, 1 checks every event). A mismatch marks the replica not "
+        "exact on /health, in litellm_kv_indexer_exactness_mismatches_total and in the log.",
+        default=0.1,
+    )
+    heartbeat_interval_s: float = doc(
+        "How often each replica's /metrics is read and its heartbeat written to Redis.", default=5.0
+    )
+    heartbeat_ttl_s: float = doc(
+        "A replica without a heartbeat for this long is purged from the index by any indexer's expiry "
+        "pass (covers replicas whose indexers all died). Keep it >= 3 x heartbeat_interval_s.",
+        default=30.0,
+    )
+    discovery_interval_s: float = doc(
+        "How often replicas that are unreachable or have no event source are retried.", default=5.0
+    )
+    replay_timeout_s: float = doc(
+        "How long to wait for a replay answer before treating the missed batches as lost.", default=5.0
+    )
+    redis_backoff_max_s: float = doc(
+        "Longest wait between Redis reconnection attempts (exponential backoff from 0.1 s).", default=5.0
+    )
+    engine_timeout_s: float = doc("Timeout of HTTP calls to the engines.", default=5.0)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.exactness_sample_rate <= 1.0:
+            raise ValueError("exactness_sample_rate must be within [0, 1]")
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_ttl_s must exceed heartbeat_interval_s")
+        for name, group in self.model_groups.items():
+            if not group.replicas:
+                raise ValueError(f"model_groups.{name}: no replicas")
+
+    def seed_of(self, group: str) -> str | None:
+        g = self.model_groups[group]
+        return g.hash_seed if g.hash_seed is not None else self.hash_seed
+
+
+def load_indexer_config(path: str | Path) -> IndexerConfig:
+    """Read and check an indexer config file; errors name the offending option."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read indexer config {p}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+    return parse_section(IndexerConfig, raw, "indexer")
