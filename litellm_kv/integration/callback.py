@@ -192,6 +192,11 @@ class LiteLLMKV(CustomLogger):
     async def async_post_call_streaming_iterator_hook(
         self, user_api_key_dict: Any, response: Any, request_data: dict
     ) -> AsyncGenerator[Any, None]:
+        for h in self.handlers:
+            try:
+                await h.stream_start(request_data, response)
+            except Exception:
+                self._contain(h, "stream_start")
         async for chunk in response:
             for h in self.handlers:
                 try:

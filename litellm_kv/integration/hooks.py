@@ -104,6 +104,10 @@ class Handler:
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
         """Proxy level, after success: last changes to the response the caller sees."""
 
+    async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
+        """Proxy level, once before a stream's first chunk; ``stream`` is LiteLLM's stream wrapper
+        (its recorded ``chunks`` are what LiteLLM prices, after this hook no other sees the usage chunk)."""
+
     async def stream_chunk(self, data: dict[str, Any], chunk: Any) -> None:
         """Proxy level, each streamed chunk the caller receives (mutate in place)."""
 

@@ -1,0 +1,745 @@
+"""Visual-token limits in the proxy: count and enforce before the call, charge after it.
+
+Before the call (:meth:`VisionHandler.pre_call`): find every image (and video) in the request,
+read each inline image's size from its header (remote images are not fetched unless the group
+allows a host; otherwise they count at the ceiling the group's ``max_pixels`` guarantees), count
+visual tokens with the group's model family, resolve the key/team/group limits and either reject
+(400 naming the limit, the value and where it was set; 429 when a period budget is spent) or
+downscale: pick the largest ``max_pixels`` that fits every limit, which
+:meth:`VisionHandler.pre_deployment` sends to vLLM deployments as ``mm_processor_kwargs.max_pixels``
+so the engine itself resizes. The decision travels in ``metadata.litellm_kv_vision`` (always
+overwritten, so a client cannot forge it).
+
+After the call (streams included): the engine's own count (vLLM
+``usage.prompt_tokens_details.multimodal_tokens``) when reported, else ours, is written to
+``usage.prompt_tokens_details.image_tokens`` so LiteLLM prices it at ``input_cost_per_image_token``;
+the period budgets are charged and a per-request breakdown goes to the spend log metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from litellm_kv.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
+from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
+from litellm_kv.config import ModelGroupSettings, Settings, doc, parse_section
+from litellm_kv.errors import MetadataError, PolicyViolation
+from litellm_kv.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    ImageBounds,
+    ImageError,
+    ImagePart,
+    find_media,
+    image_info,
+    measure,
+)
+from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.observability import counter, histogram
+from litellm_kv.policy import (
+    Limit,
+    PolicyLayer,
+    config_layer,
+    metadata_layer,
+    strictest_choice,
+    strictest_min,
+)
+from litellm_kv.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
+
+log = logging.getLogger("litellm_kv.vision")
+
+METER = "visual_tokens"
+DECISION_KEY = "litellm_kv_vision"
+HEADER_TOKENS = "x-litellm-kv-visual-tokens"
+HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
+
+#: Fields of the policy object (key metadata, team metadata, or the group's config section).
+POLICY_FIELDS = (
+    "max_images_per_request",
+    "max_visual_tokens_per_request",
+    "max_pixels_per_image",
+    "tokens_per_day",
+    "tokens_per_week",
+    "tokens_per_month",
+    "over_limit",
+)
+PERIOD_FIELDS: dict[Period, str] = {
+    Period.DAY: "tokens_per_day", Period.WEEK: "tokens_per_week", Period.MONTH: "tokens_per_month",
+}
+OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
+
+IMAGES = counter("vision_images", "Images seen in requests, by model group and kind.", ["model_group", "kind"])
+TOKENS_CHARGED = counter(
+    "vision_tokens_charged",
+    "Visual tokens written into usage and charged to period budgets, by model group and source "
+    "(engine: the engine's own multimodal_tokens; formula: litellm-kv's count).",
+    ["model_group", "source"],
+)
+REJECTED = counter("vision_rejections", "Requests rejected by a vision limit or bad image.", ["model_group", "limit"])
+DOWNSCALED = counter(
+    "vision_downscales", "Requests sent with a lower mm_processor_kwargs.max_pixels to fit a limit.",
+    ["model_group", "limit"],
+)
+ESTIMATE_DELTA = histogram(
+    "vision_estimate_delta_tokens",
+    "Engine-reported visual tokens minus litellm-kv's pre-call count, per request.",
+    ["model_group"],
+    buckets=(-1000, -100, -10, -1, 0, 1, 10, 100, 1000),
+)
+COUNT_SECONDS = histogram(
+    "vision_count_seconds", "Time to find, measure and count the images of one request.", ["model_group"],
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
+)
+
+
+@dataclass(slots=True)
+class FetchSettings:
+    """Optional fetching of remote images to read their size (off unless hosts are listed)."""
+
+    allow_hosts: list[str] = doc(
+        "Exact host names whose images may be fetched to measure them; empty = never fetch.", default_factory=list
+    )
+    timeout_s: float = doc("Total time allowed per fetch; on timeout the ceiling is counted.", default=2.0)
+    max_bytes: int = doc("Largest image fetched; bigger answers are a 400 (image.too_large).", default=5 * 2**20)
+
+
+@dataclass(slots=True)
+class GroupVisionSettings:
+    """Model-group settings of the vision section (beside the policy fields)."""
+
+    family: str = doc(f"Visual-token formula of the group's model: one of {list(FAMILIES)}.", default="qwen2_5_vl")
+    min_pixels: int | None = doc(
+        "The engine's min_pixels (Qwen families) when the deployment overrides the model default.", default=None
+    )
+    max_pixels: int | None = doc(
+        "The engine's max_pixels (Qwen families) when the deployment overrides the model default; also the "
+        "ceiling at which unfetched remote images are counted.", default=None,
+    )
+    detail: str | None = doc("Default detail level (openai/anthropic/gemini) when the request gives none.",
+                             default=None)
+    tokens_per_image: int | None = doc("Tokens per image for family 'fixed'.", default=None)
+    remote_image_tokens: int | None = doc(
+        "Tokens counted for an unfetched remote image when the family has no ceiling (gemini tiles).", default=None
+    )
+    max_image_bytes: int = doc("Largest decoded image payload accepted (400 image.too_large).",
+                               default=DEFAULT_MAX_IMAGE_BYTES)
+    max_image_pixels: int = doc(
+        "Largest width x height an image header may declare (400 image.too_many_pixels; decompression bombs).",
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+    )
+    videos: Literal["reject", "allow"] = doc(
+        "Video parts: 'reject' (400 vision.videos) or 'allow' (passed through, not counted).", default="reject"
+    )
+    engine_resize: bool = doc(
+        "Whether vLLM deployments (hosted_vllm/) get mm_processor_kwargs.max_pixels when downscaling.",
+        default=True,
+    )
+    prompt_includes_images: bool = doc(
+        "Whether the engine's prompt_tokens already include visual tokens (vLLM: yes). If false, they are added.",
+        default=True,
+    )
+    invalid_metadata: Literal["reject", "ignore"] = doc(
+        "Malformed vision metadata on a key/team: 'reject' (400 naming the field) or 'ignore' (log, use config).",
+        default="reject",
+    )
+    fetch: FetchSettings = doc("Optional fetching of remote images.", default_factory=FetchSettings)
+
+    def validate(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
+        if self.family == "fixed" and self.tokens_per_image is None:
+            raise ValueError("family 'fixed' needs tokens_per_image")
+
+
+GROUP_FIELDS = tuple(GroupVisionSettings.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodLimit:
+    scope: str
+    scope_label: str
+    period: Period
+    limit: Limit[int]
+
+
+@dataclass(frozen=True, slots=True)
+class VisionPolicy:
+    max_images: Limit[int] | None = None
+    max_tokens: Limit[int] | None = None
+    max_pixels: Limit[int] | None = None
+    over_limit: Limit[str] | None = None
+    periods: tuple[PeriodLimit, ...] = ()
+
+    @property
+    def downscale(self) -> bool:
+        return self.over_limit is not None and self.over_limit.value == "downscale"
+
+
+def resolve_policy(
+    key: PolicyLayer, team: PolicyLayer | None, config: PolicyLayer, *, key_scope: str, team_scope: str | None
+) -> VisionPolicy:
+    """Strictest of key, team and config for each limit; ``over_limit`` defaults to reject."""
+    layers = [lay for lay in (key, team, config) if lay is not None]
+    for lay in layers:
+        lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
+    periods: list[PeriodLimit] = []
+    for period, name in PERIOD_FIELDS.items():
+        per_key = strictest_min(key.int_field(name), config.int_field(name))
+        if per_key is not None:
+            periods.append(PeriodLimit(key_scope, key.source, period, per_key))
+        if team is not None and team_scope is not None:
+            per_team = team.int_field(name)
+            if per_team is not None:
+                periods.append(PeriodLimit(team_scope, team.source, period, per_team))
+    return VisionPolicy(
+        max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
+        max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
+        max_pixels=strictest_min(*(lay.int_field("max_pixels_per_image", minimum=1) for lay in layers)),
+        over_limit=strictest_choice(
+            OVER_LIMIT_ORDER, *(lay.choice_field("over_limit", OVER_LIMIT_ORDER) for lay in layers)
+        ),
+        periods=tuple(periods),
+    )
+
+
+@dataclass(slots=True)
+class Counted:
+    """One image as counted before the call."""
+
+    where: str
+    tokens: int
+    width: int | None = None  # None: remote image of unknown size (counted at the ceiling)
+    height: int | None = None
+    how: str = "header"  # header | fetched | ceiling
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"where": self.where, "tokens": self.tokens, "width": self.width, "height": self.height,
+                "how": self.how}
+
+
+@dataclass(slots=True)
+class _Bounds:
+    min_pixels: int | None
+    max_pixels: int | None
+
+
+class VisionHandler(Handler):
+    """Per-key visual-token limits and charging (schema: ``docs/vision.md``)."""
+
+    name = "vision"
+
+    def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
+        super().__init__(settings)
+        self._budgets = budgets
+        self._groups: dict[str, GroupVisionSettings] = {}
+        self._streams_done: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def budgets(self) -> PeriodBudgets:
+        if self._budgets is None:
+            self._budgets = make_period_budgets(self.settings.redis_url)
+        return self._budgets
+
+    async def shutdown(self) -> None:
+        if self._budgets is not None:
+            await self._budgets.close()
+
+    def enabled_for(self, group: ModelGroupSettings | None) -> bool:
+        """A model group is a vision group when its config has a non-empty ``vision`` section."""
+        return group is not None and bool(group.vision)
+
+    def group_settings(self, name: str) -> GroupVisionSettings:
+        gs = self._groups.get(name)
+        if gs is None:
+            group = self.settings.group(name)
+            raw = dict(group.vision) if group is not None else {}
+            own = {k: v for k, v in raw.items() if k not in POLICY_FIELDS}
+            gs = parse_section(GroupVisionSettings, own, f"litellm_kv.model_groups.{name}.vision")
+            self._groups[name] = gs
+        return gs
+
+    # -- before the call -------------------------------------------------------------------------
+    def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
+        caller = req.caller
+        mk = self.settings.metadata_key
+        config = config_layer(req.group.vision if req.group else {}, group=req.model_group, feature="vision")
+        key_scope = f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
+        team_scope = f"team:{caller.team_id}" if caller.team_id else None
+        try:
+            key = metadata_layer(caller.key_metadata, "vision", where=caller.key_label, metadata_key=mk)
+            team: PolicyLayer | None = None
+            if caller.team_id:
+                team = metadata_layer(caller.team_metadata, "vision", where=caller.team_label, metadata_key=mk)
+            return resolve_policy(key, team, config, key_scope=key_scope, team_scope=team_scope)
+        except MetadataError:
+            if gs.invalid_metadata == "reject":
+                raise
+            log.warning("litellm-kv: ignoring malformed vision metadata of %s", caller.key_label, exc_info=True)
+            empty = PolicyLayer(caller.key_label, "metadata", {}, True)
+            return resolve_policy(empty, None, config, key_scope=key_scope, team_scope=None)
+
+    def _bounds(self, data: Mapping[str, Any], gs: GroupVisionSettings) -> _Bounds:
+        """The pixel bounds the engine will use: the group's, or the client's own mm_processor_kwargs."""
+        lo, hi = gs.min_pixels, gs.max_pixels
+        client = data.get("mm_processor_kwargs")
+        if gs.family in ENGINE_RESIZABLE and isinstance(client, Mapping):
+            # The engine honours the client's values, so count with them (a client cannot hide tokens).
+            for name in ("min_pixels", "max_pixels"):
+                v = client.get(name)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                    raise PolicyViolation(400, f"mm_processor_kwargs.{name} must be a positive integer, got {v!r}",
+                                          limit_name=f"vision.mm_processor_kwargs.{name}", value=v,
+                                          source="request")
+            lo = client.get("min_pixels", lo)
+            hi = client.get("max_pixels", hi)
+        return _Bounds(lo, hi)
+
+    def _tokens(self, gs: GroupVisionSettings, w: int, h: int, detail: str | None, b: _Bounds,
+                where: str) -> int:
+        try:
+            return visual_tokens(gs.family, w, h, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
+                                 detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
+        except ValueError as exc:
+            raise ImageError.of("corrupt", where, f"{w}x{h} image cannot be used with {gs.family}: {exc}") from None
+
+    def _ceiling(self, gs: GroupVisionSettings, detail: str | None, b: _Bounds, where: str) -> int:
+        top = max_visual_tokens(gs.family, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
+                                detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
+        if top is None:
+            top = gs.remote_image_tokens
+        if top is None:
+            raise ImageError.of(
+                "invalid_url", where,
+                f"remote image URLs cannot be counted for family {gs.family} (no size ceiling); send the image "
+                "inline as a data: URL, or set remote_image_tokens in the group's vision config",
+            )
+        return top
+
+    async def _fetch_size(
+        self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
+    ) -> tuple[int, int] | None:
+        host = (urlsplit(part.source).hostname or "").lower()
+        if not gs.fetch.allow_hosts or host not in {h.lower() for h in gs.fetch.allow_hosts}:
+            return None
+        import httpx
+
+        cap = min(gs.fetch.max_bytes, bounds.max_bytes)
+        buf = bytearray()
+        try:
+            async with asyncio.timeout(gs.fetch.timeout_s), httpx.AsyncClient(
+                follow_redirects=False, timeout=gs.fetch.timeout_s
+            ) as client, client.stream("GET", part.source) as resp:
+                if resp.status_code != 200:
+                    log.info("litellm-kv: fetching %s gave %s; counting the ceiling", part.where, resp.status_code)
+                    return None
+                async for chunk in resp.aiter_bytes():
+                    buf += chunk
+                    if len(buf) > cap:
+                        raise ImageError.of("too_large", part.where,
+                                            f"remote image is larger than the fetch cap of {cap} bytes", len(buf))
+        except (httpx.HTTPError, TimeoutError):
+            log.info("litellm-kv: fetching %s failed; counting the ceiling", part.where)
+            return None
+        info = image_info(buf, part.where, ImageBounds(max_bytes=cap, max_pixels=bounds.max_pixels))
+        return info.width, info.height
+
+    async def _count(
+        self, images: list[ImagePart], gs: GroupVisionSettings, b: _Bounds
+    ) -> list[Counted]:
+        limits = ImageBounds(max_bytes=gs.max_image_bytes, max_pixels=gs.max_image_pixels)
+        out: list[Counted] = []
+        for part in images:
+            if part.inline:
+                info = measure(part, limits)
+                out.append(Counted(part.where, self._tokens(gs, info.width, info.height, part.detail, b, part.where),
+                                   info.width, info.height, "header", part.detail))
+                continue
+            size = await self._fetch_size(part, gs, limits)
+            if size is not None:
+                w, h = size
+                out.append(Counted(part.where, self._tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
+                                   part.detail))
+            else:
+                out.append(Counted(part.where, self._ceiling(gs, part.detail, b, part.where), None, None, "ceiling",
+                                   part.detail))
+        return out
+
+    def _total_at(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, max_pixels: int) -> int:
+        at = _Bounds(b.min_pixels, max_pixels)
+        total = 0
+        for c in counted:
+            if c.width is None or c.height is None:
+                total += self._ceiling(gs, c.detail, at, c.where)
+            else:
+                total += self._tokens(gs, c.width, c.height, c.detail, at, c.where)
+        return total
+
+    def _fit_max_pixels(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, cap_tokens: int | None,
+                        cap_pixels: int | None) -> int | None:
+        """Largest max_pixels whose token total fits ``cap_tokens`` (and ≤ ``cap_pixels``), or None if none does."""
+        grid = QWEN_GRIDS[gs.family]
+        lo = b.min_pixels if b.min_pixels is not None else grid.min_pixels
+        hi = b.max_pixels if b.max_pixels is not None else grid.max_pixels
+        if cap_pixels is not None:
+            hi = min(hi, cap_pixels)
+        lo = max(lo, grid.factor * grid.factor)
+        if hi < lo:
+            return None
+        if cap_tokens is None or self._total_at(counted, gs, b, hi) <= cap_tokens:
+            return hi
+        if self._total_at(counted, gs, b, lo) > cap_tokens:
+            return None
+        # Token totals grow with max_pixels: bisect for the largest value that fits.
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._total_at(counted, gs, b, mid) <= cap_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _reject(self, req: ProxyRequest, status: int, limit_name: str, message: str, limit: object, value: object,
+                source: str, headers: dict[str, str] | None = None) -> PolicyViolation:
+        REJECTED.labels(req.model_group, limit_name).inc()
+        return PolicyViolation(status, message, limit_name=limit_name, limit=limit, value=value, source=source,
+                               headers=headers or {})
+
+    async def pre_call(self, req: ProxyRequest) -> None:
+        data = req.data
+        group = req.model_group
+        for md in request_metadata_dicts(data):
+            md.pop(DECISION_KEY, None)  # a client-sent decision is never trusted
+        gs = self.group_settings(group)
+        started = time.perf_counter()
+        try:
+            images, videos = find_media(data)
+        except ImageError as exc:
+            REJECTED.labels(group, exc.limit_name).inc()
+            raise
+        if videos and gs.videos == "reject":
+            raise self._reject(
+                req, 400, "vision.videos",
+                f"{videos[0].where}: video input is not accepted on model '{group}' (vision.videos=reject in "
+                f"config model_groups.{group}.vision)", "reject", len(videos), f"config model_groups.{group}.vision",
+            )
+        if not images:
+            return
+        policy = self._policy(req, gs)
+        who = req.caller.key_label
+        if policy.max_images is not None and len(images) > policy.max_images.value:
+            lim = policy.max_images
+            raise self._reject(
+                req, 400, "vision.max_images_per_request",
+                f"Request has {len(images)} images; the limit is {lim.value} images per request for {who} on "
+                f"model '{group}' (set in {lim.source}).", lim.value, len(images), lim.source,
+            )
+        b = self._bounds(data, gs)
+        try:
+            counted = await self._count(images, gs, b)
+        except ImageError as exc:
+            REJECTED.labels(group, exc.limit_name).inc()
+            raise
+        for c in counted:
+            IMAGES.labels(group, c.how).inc()
+        total = sum(c.tokens for c in counted)
+        resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
+        downscale = policy.downscale and resizable
+        why_not = "" if resizable else (
+            f" (downscaling needs a vLLM deployment of a Qwen-VL family; this is {gs.family})"
+        )
+
+        # Limits that downscaling can satisfy: pixels per image, tokens per request, period remainders.
+        cap_pixels: Limit[int] | None = policy.max_pixels
+        need_pixel_cap = False
+        if cap_pixels is not None:
+            for c in counted:
+                if c.width is None or c.height is None:
+                    if resizable:
+                        need_pixel_cap = True  # unknown size: let the engine guarantee the cap
+                        continue
+                    raise self._reject(
+                        req, 400, "vision.max_pixels_per_image",
+                        f"{c.where}: the size of a remote image cannot be checked against the limit of "
+                        f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
+                        f"{cap_pixels.source}); send it inline.", cap_pixels.value, None, cap_pixels.source,
+                    )
+                pixels = c.width * c.height
+                if pixels > cap_pixels.value:
+                    if not downscale:
+                        raise self._reject(
+                            req, 400, "vision.max_pixels_per_image",
+                            f"{c.where}: image of {c.width}x{c.height} = {pixels} pixels exceeds the limit of "
+                            f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
+                            f"{cap_pixels.source}){why_not}.", cap_pixels.value, pixels, cap_pixels.source,
+                        )
+                    need_pixel_cap = True
+
+        now = datetime.now(timezone.utc)
+        token_caps: list[tuple[int, str, Limit[int], int, dict[str, str], str]] = []
+        if policy.max_tokens is not None:
+            lim = policy.max_tokens
+            token_caps.append((lim.value, "vision.max_visual_tokens_per_request", lim, 400, {},
+                               f"the limit of {lim.value} visual tokens per request for {who}"))
+        charges: list[dict[str, Any]] = []
+        for pl in policy.periods:
+            charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
+                            "source": pl.limit.source})
+            try:
+                state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
+            except BudgetStoreError as exc:
+                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
+                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
+            reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+            retry = state.retry_after_seconds(now)
+            headers = {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset}
+            if state.exhausted:
+                raise self._reject(
+                    req, 429, f"vision.tokens_per_{pl.period.value}",
+                    f"Visual-token budget spent: {pl.scope_label} has used {state.used} of {state.limit} visual "
+                    f"tokens this {pl.period.value} on model '{group}' (limit set in {pl.limit.source}). It resets "
+                    f"at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
+                )
+            token_caps.append((state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
+                               f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
+                               f"{pl.scope_label} (resets {reset})"))
+
+        max_pixels: int | None = None
+        downscaled_by: str | None = None
+        tightest = min(token_caps, key=lambda t: t[0]) if token_caps else None
+        over_tokens = tightest is not None and total > tightest[0]
+        if over_tokens or need_pixel_cap:
+            if over_tokens and not downscale:
+                assert tightest is not None
+                cap, name, lim, status, headers, what = tightest
+                raise self._reject(
+                    req, status, name,
+                    f"Request needs {total} visual tokens ({len(counted)} images, counted for {gs.family}); that "
+                    f"exceeds {what} on model '{group}' (set in {lim.source}){why_not}.", cap, total, lim.source,
+                    headers,
+                )
+            fit = self._fit_max_pixels(counted, gs, b, tightest[0] if tightest else None,
+                                       cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
+            if fit is None:
+                assert tightest is not None
+                cap, name, lim, status, headers, what = tightest
+                raise self._reject(
+                    req, status, name,
+                    f"Request needs {total} visual tokens ({len(counted)} images) and cannot be downscaled within "
+                    f"{what} on model '{group}' (set in {lim.source}): even at the processor's minimum size it "
+                    "needs more.", cap, total, lim.source, headers,
+                )
+            max_pixels = fit
+            sources = []
+            if need_pixel_cap and cap_pixels is not None:
+                sources.append(f"max_pixels_per_image ({cap_pixels.source})")
+                DOWNSCALED.labels(group, "vision.max_pixels_per_image").inc()
+            if over_tokens and tightest is not None:
+                sources.append(f"{tightest[1].removeprefix('vision.')} ({tightest[2].source})")
+                DOWNSCALED.labels(group, tightest[1]).inc()
+            downscaled_by = "; ".join(sources)
+            at = _Bounds(b.min_pixels, fit)
+            for c in counted:
+                c.tokens = (self._ceiling(gs, c.detail, at, c.where) if c.width is None or c.height is None
+                            else self._tokens(gs, c.width, c.height, c.detail, at, c.where))
+            total = sum(c.tokens for c in counted)
+            req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
+
+        if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
+            # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
+            # engine honour that ceiling even if the deployment was started with a larger one.
+            max_pixels = b.max_pixels
+        if data.get("stream"):
+            opts = data.get("stream_options")
+            data["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        decision = {
+            "model_group": group, "family": gs.family, "tokens": total, "images": [c.to_json() for c in counted],
+            "max_pixels": max_pixels, "downscaled_by": downscaled_by, "charges": charges,
+        }
+        if not isinstance(data.get("metadata"), dict):
+            data["metadata"] = {}
+        data["metadata"][DECISION_KEY] = decision
+        lm = data.get("litellm_metadata")
+        if isinstance(lm, dict):
+            lm[DECISION_KEY] = decision
+        req.response_headers[HEADER_TOKENS] = str(total)
+        COUNT_SECONDS.labels(group).observe(time.perf_counter() - started)
+
+    async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
+        decision = _decision_of(kwargs)
+        if decision is None or decision.get("max_pixels") is None:
+            return
+        model = str(kwargs.get("model") or "")
+        provider = str(kwargs.get("custom_llm_provider") or "")
+        if not (model.startswith("hosted_vllm/") or provider == "hosted_vllm"):
+            # Only vLLM resizes on request; other providers would reject an unknown field.
+            return
+        mm = kwargs.get("mm_processor_kwargs")
+        mm = dict(mm) if isinstance(mm, Mapping) else {}
+        mm["max_pixels"] = int(decision["max_pixels"])
+        kwargs["mm_processor_kwargs"] = mm
+
+    # -- after the call --------------------------------------------------------------------------
+    def _apply(self, targets: list[Mapping[str, Any]], decision: Mapping[str, Any], usage: Any) -> int:
+        """Write the visual tokens into ``usage`` and the breakdown into each target's spend-log metadata."""
+        group = str(decision.get("model_group") or "")
+        estimate = int(decision.get("tokens") or 0)
+        engine = _engine_image_tokens(usage)
+        if engine is not None:
+            tokens, source = engine, "engine"
+            ESTIMATE_DELTA.labels(group).observe(engine - estimate)
+        else:
+            tokens, source = estimate, "formula"
+        gs = self.group_settings(group) if self.settings.group(group) else GroupVisionSettings()
+        if tokens:
+            set_image_tokens(usage, tokens, add_to_prompt=engine is None and not gs.prompt_includes_images)
+            TOKENS_CHARGED.labels(group, source).inc(tokens)
+        breakdown = {
+            "visual_tokens": tokens,
+            "measured_by": source,
+            "estimated_tokens": estimate,
+            "family": decision.get("family"),
+            "images": decision.get("images"),
+            "max_pixels": decision.get("max_pixels"),
+            "downscaled_by": decision.get("downscaled_by"),
+            "charged_to": [f"{c['scope']}/{c['period']}" for c in decision.get("charges") or []],
+        }
+        for target in targets:
+            record_breakdown(target, "vision", breakdown)
+        return tokens
+
+    async def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
+        if not tokens:
+            return
+        now = datetime.now(timezone.utc)
+        for ch in decision.get("charges") or []:
+            try:
+                await self.budgets.charge(ch["scope"], METER, Period(ch["period"]), tokens, now=now)
+            except BudgetStoreError:
+                log.warning("litellm-kv: could not charge %s visual tokens to %s", tokens, ch["scope"])
+
+    def _first_settle(self, key: str) -> bool:
+        """True the first time ``key`` (a call id) is settled: a stream may be seen by two hooks."""
+        if key in self._streams_done:
+            return False
+        self._streams_done[key] = time.monotonic()
+        if len(self._streams_done) > 4096:  # bounded: forget the oldest half
+            for old in sorted(self._streams_done, key=self._streams_done.__getitem__)[:2048]:
+                self._streams_done.pop(old, None)
+        return True
+
+    async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
+        decision = _decision_of(request_data)
+        usage = usage_of(response)
+        if decision is not None and usage is not None:
+            await self._charge(decision, self._apply([request_data], decision, usage))
+
+    async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
+        """Patch the usage chunk LiteLLM records for pricing (no hook sees it: LiteLLM strips it first)."""
+        decision = _decision_of(data)
+        # The proxy hands a boundary object that delegates to LiteLLM's CustomStreamWrapper (``_source``).
+        for _ in range(4):
+            try:  # its own attribute, not a delegated one
+                stream = object.__getattribute__(stream, "_source")
+            except AttributeError:
+                break
+        chunks = getattr(stream, "chunks", None)
+        if decision is None or not isinstance(chunks, list):
+            return
+        logging_obj = getattr(stream, "logging_obj", None)
+        details = getattr(logging_obj, "model_call_details", None)
+        targets: list[Mapping[str, Any]] = [data]
+        if isinstance(details, Mapping):
+            targets.append(details)
+        call_id = str(data.get("litellm_call_id") or (details or {}).get("litellm_call_id") or id(data))
+
+        def on_usage(usage: Any) -> None:
+            if not self._first_settle(call_id):
+                return
+            tokens = self._apply(targets, decision, usage)
+            # Budgets are charged off the stream's path (the list append cannot await).
+            task = asyncio.get_running_loop().create_task(self._charge(decision, tokens))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        watch = _UsageWatch(chunks, on_usage)
+        for holder in [stream, *_inner_wrappers(stream, chunks)]:
+            holder.chunks = watch
+
+    async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
+        # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
+        # client asked for include_usage on some paths): settle once.
+        decision = _decision_of(request_data)
+        usage = usage_of(chunk)
+        if decision is None or usage is None or not int(_get(usage, "prompt_tokens") or 0):
+            return
+        call_id = str(request_data.get("litellm_call_id") or id(request_data))
+        if self._first_settle(call_id):
+            await self._charge(decision, self._apply([request_data], decision, usage))
+
+
+def _inner_wrappers(stream: Any, chunks: list[Any]) -> list[Any]:
+    """LiteLLM's router wraps the provider's stream wrapper and shares its ``chunks`` list; the inner
+    wrapper (the one that records the usage chunk) is only reachable through the generator's frame."""
+    frame = getattr(getattr(stream, "__dict__", {}).get("_async_generator"), "ag_frame", None)
+    if frame is None:
+        return []
+    found = []
+    for value in frame.f_locals.values():
+        if value is not stream and getattr(value, "__dict__", {}).get("chunks") is chunks:
+            found.append(value)
+    return found
+
+
+class _UsageWatch(list):  # type: ignore[type-arg]
+    """The stream wrapper's recorded chunks: calls ``on_usage`` with the usage chunk as it is recorded."""
+
+    def __init__(self, items: list[Any], on_usage: Any) -> None:
+        super().__init__(items)
+        self._on_usage = on_usage
+
+    def append(self, item: Any) -> None:
+        usage = getattr(item, "usage", None)
+        if usage is not None and int(_get(usage, "prompt_tokens") or 0):
+            try:
+                self._on_usage(usage)
+            except Exception:  # never break the stream over billing
+                log.exception("litellm-kv: could not write visual tokens into a stream's usage")
+        super().append(item)
+
+
+def _get(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _engine_image_tokens(usage: Any) -> int | None:
+    """vLLM's ``prompt_tokens_details.multimodal_tokens`` ({"image": n} in vLLM 0.32; a bare int elsewhere)."""
+    details = _get(usage, "prompt_tokens_details")
+    mm = _get(details, "multimodal_tokens")
+    if isinstance(mm, Mapping):
+        value = mm.get("image")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    if isinstance(mm, int) and not isinstance(mm, bool) and mm >= 0:
+        return mm
+    extra = getattr(details, "model_extra", None)  # pydantic keeps unknown fields here
+    if isinstance(extra, Mapping) and extra.get("multimodal_tokens") is not None:
+        return _engine_image_tokens({"prompt_tokens_details": {"multimodal_tokens": extra["multimodal_tokens"]}})
+    return None
+
+
+def _decision_of(request_data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for md in request_metadata_dicts(request_data):
+        raw = md.get(DECISION_KEY)
+        if isinstance(raw, Mapping):
+            return raw
+    return None
