@@ -6,12 +6,12 @@ Per model group it keeps two views of the same facts:
   into one int (``gpu | cpu << 21 | storage << 42``). It is the replica's reverse set (purge
   walks only this dict) and the source of truth for refcounts (vllm-contract.md §9: a hash can
   be cached twice and is then evicted twice).
-* ``holders``: ``dict[wire_hash, replica_bitmask]`` over all replicas, plus the same for GPU
-  holders. A lookup is then one C-level ``map(dict.get)`` over the chain for *all* replicas,
-  a running AND (``itertools.accumulate``), and a binary search per replica for the point where
+* ``holders``: ``dict[wire_hash, replica_bitmask]`` over all replicas. A lookup is then one
+  C-level ``map(dict.get)`` over the chain for *all* replicas, a running AND (``itertools.accumulate``), and a binary search per replica for the point where
   its bit drops out: the first miss ends its chain (hashes are chained).
 
-GPU-only groups (no CPU/storage offload events) skip the per-block tier split entirely.
+GPU-only groups (no CPU/storage offload events) skip the per-block tier split entirely; with
+offload tiers the split reads the matched prefix's packed counts.
 Memory per (replica, block) is measured by ``benchmarks/bench_ingest.py`` (docs/engine.md).
 """
 
@@ -31,14 +31,13 @@ _UNIT = (1, 1 << _SHIFT, 1 << (2 * _SHIFT))  # by Tier value
 
 
 class _Group:
-    __slots__ = ("bits", "counts", "free_bits", "gpu", "holders", "non_gpu_refs")
+    __slots__ = ("bits", "counts", "free_bits", "holders", "non_gpu_refs")
 
     def __init__(self) -> None:
         self.counts: dict[str, dict[int, int]] = {}
         self.bits: dict[str, int] = {}  # replica -> its bit in the masks
         self.free_bits: list[int] = []
         self.holders: dict[int, int] = {}  # hash -> mask of replicas holding it on any tier
-        self.gpu: dict[int, int] = {}  # hash -> mask of replicas holding it on GPU
         self.non_gpu_refs = 0  # CPU/storage references in the group; 0 enables the fast path
 
     def bit(self, replica: str) -> int:
@@ -75,12 +74,10 @@ class InMemoryIndex:
         table = g.counts[replica]
         get = table.get
         holders = g.holders
-        gpu = g.gpu
         touched = 0
         for op in ops:
             t = int(op.tier)
             unit = _UNIT[t]
-            shift = _SHIFT * t
             if op.delta > 0:
                 for h in op.hashes:
                     v = get(h)
@@ -89,22 +86,17 @@ class InMemoryIndex:
                         holders[h] = holders.get(h, 0) | bit
                     else:
                         table[h] = v + unit
-                    if t == 0:
-                        if v is None or not v & _FIELD:
-                            gpu[h] = gpu.get(h, 0) | bit
-                    else:
-                        g.non_gpu_refs += 1
+                if t:
+                    g.non_gpu_refs += len(op.hashes)
                 touched += len(op.hashes)
             else:
+                shift = _SHIFT * t
                 for h in op.hashes:
                     v = get(h)
                     if v is None or not (v >> shift) & _FIELD:
                         continue  # already gone: a replayed or duplicate removal
                     v -= unit
-                    if t == 0:
-                        if not v & _FIELD:
-                            _clear(gpu, h, bit)
-                    else:
+                    if t:
                         g.non_gpu_refs -= 1
                     if v:
                         table[h] = v
@@ -123,11 +115,9 @@ class InMemoryIndex:
             return 0
         bit = g.bits.pop(replica)
         table = g.counts.pop(replica)
-        holders, gpu = g.holders, g.gpu
+        holders = g.holders
         for h, v in table.items():
             _clear(holders, h, bit)
-            if v & _FIELD:
-                _clear(gpu, h, bit)
             g.non_gpu_refs -= ((v >> _SHIFT) & _FIELD) + (v >> (2 * _SHIFT))
         g.free_bits.append(bit)
         return len(table)
@@ -157,12 +147,9 @@ class InMemoryIndex:
             if not g.non_gpu_refs:
                 out[name] = ReplicaMatch(gpu=matched)
                 continue
-            gpu_masks = map(g.gpu.get, block_hashes[:matched], repeat(0, matched))
-            on_gpu = sum(1 for m in gpu_masks if m & bit)
-            table = g.counts[name]
-            cpu = sum(
-                1 for h in block_hashes[:matched] if not table[h] & _FIELD and (table[h] >> _SHIFT) & _FIELD
-            )
+            packed = list(map(g.counts[name].__getitem__, block_hashes[:matched]))
+            on_gpu = sum(1 for v in packed if v & _FIELD)
+            cpu = sum(1 for v in packed if not v & _FIELD and (v >> _SHIFT) & _FIELD)
             out[name] = ReplicaMatch(gpu=on_gpu, cpu=cpu, storage=matched - on_gpu - cpu)
         return out
 
