@@ -7,8 +7,9 @@ Per model group it keeps two views of the same facts:
   walks only this dict) and the source of truth for refcounts (vllm-contract.md §9: a hash can
   be cached twice and is then evicted twice).
 * ``holders``: ``dict[wire_hash, replica_bitmask]`` over all replicas. A lookup is then one
-  C-level ``map(dict.get)`` over the chain for *all* replicas, a running AND (``itertools.accumulate``), and a binary search per replica for the point where
-  its bit drops out: the first miss ends its chain (hashes are chained).
+  C-level ``map(dict.get)`` over the chain for *all* replicas, a running AND
+  (``itertools.accumulate``), and a binary search per replica for the point where its bit drops
+  out: the first miss ends its chain (hashes are chained).
 
 GPU-only groups (no CPU/storage offload events) skip the per-block tier split entirely; with
 offload tiers the split reads the matched prefix's packed counts.
