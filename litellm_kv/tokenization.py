@@ -54,7 +54,7 @@ def _special_text(entry: Any) -> str | None:
 class LocalChatTokenizer:
     """Chat template + tokenizer of one model, loaded from a Hugging Face model directory."""
 
-    def __init__(self, model_dir: str | Path, segment_cache_size: int = 8192) -> None:
+    def __init__(self, model_dir: str | Path, segment_cache_size: int = 8192, content_format: str = "string") -> None:
         import jinja2
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -90,6 +90,7 @@ class LocalChatTokenizer:
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cache_size = segment_cache_size
         self.model_dir = str(d)
+        self.content_format = content_format
 
     def render(
         self,
@@ -142,7 +143,8 @@ class LocalChatTokenizer:
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        return self.encode(self.render(messages, tools, add_generation_prompt, chat_template_kwargs))
+        msgs = normalise_messages(messages, self.content_format)
+        return self.encode(self.render(msgs, tools, add_generation_prompt, chat_template_kwargs))
 
 
 def chat_template_kwargs_for(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,17 +157,24 @@ def chat_template_kwargs_for(request: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as the engine hands them to a string-content template: text parts joined by newlines.
+CONTENT_FORMATS = ("string", "openai")
 
-    Returns the messages unchanged when every content is already a string.
+
+def normalise_messages(messages: Sequence[Mapping[str, Any]], content_format: str = "string") -> list[dict[str, Any]]:
+    """Messages as vLLM hands them to the chat template.
+
+    vLLM inspects the template: one that loops over ``message.content`` gets the OpenAI form (a list of
+    parts; a plain string becomes one text part), any other gets strings (text parts joined by newlines).
+    Which form a template gets is settled by verification against ``/tokenize``, not guessed.
     """
     out: list[dict[str, Any]] = []
     for m in messages:
         content = m.get("content")
-        if isinstance(content, list):
+        if content_format == "string" and isinstance(content, list):
             texts = [str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
             m = {**m, "content": "\n".join(texts)}
+        elif content_format == "openai" and isinstance(content, str):
+            m = {**m, "content": [{"type": "text", "text": content}]}
         out.append(dict(m))
     return out
 

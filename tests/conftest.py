@@ -25,7 +25,9 @@ def engine_model() -> Path:
 
 @pytest.fixture(scope="session")
 def engines(engine_model: Path) -> Iterator[list[EngineReplica]]:
-    reps = start_replicas(2, kv_cache_bytes="8M", block_size=32, events="ipc", name_prefix="engine")
+    # VLLM_SERVER_DEV_MODE exposes POST /reset_prefix_cache (tests that compare routers start cold).
+    reps = start_replicas(2, kv_cache_bytes="8M", block_size=32, events="ipc", name_prefix="engine",
+                          env={"VLLM_SERVER_DEV_MODE": "1"})
     try:
         yield reps
     finally:

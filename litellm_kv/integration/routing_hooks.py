@@ -35,11 +35,11 @@ from litellm_kv.routing.options import KVRoutingOptions
 from litellm_kv.routing.router import EngineGauges, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.tokenization import (
+    CONTENT_FORMATS,
     VERIFY_SAMPLES,
     LocalChatTokenizer,
     TemplateError,
     chat_template_kwargs_for,
-    normalise_messages,
 )
 
 log = logging.getLogger("litellm_kv")
@@ -126,22 +126,26 @@ class _Group:
         if client is None:
             self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
             return
-        for sample in VERIFY_SAMPLES:
+        try:
+            wanted = [await client.tokenize_chat(s["messages"], tools=s.get("tools")) for s in VERIFY_SAMPLES]
+        except Exception as exc:
+            self.tokenizer_state = f"engine (verification failed: {exc})"
+            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+            return
+        for fmt in CONTENT_FORMATS:
+            tok.content_format = fmt
             try:
-                want = await client.tokenize_chat(sample["messages"], tools=sample.get("tools"))
-                got = tok.chat_tokens(sample["messages"], sample.get("tools"))
-            except Exception as exc:
-                self.tokenizer_state = f"engine (verification failed: {exc})"
-                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+                ok = all(tok.chat_tokens(s["messages"], s.get("tools")) == w for s, w in zip(VERIFY_SAMPLES, wanted))
+            except TemplateError:
+                ok = False
+            if ok:
+                self.tokenizer = tok
+                self.tokenizer_state = f"local (verified, {fmt} content)"
+                log.info("litellm-kv: %s tokenizes locally (verified against /tokenize)", self.name)
                 return
-            if want != got:
-                TOKENIZER_MISMATCH.labels(self.name).inc()
-                self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"
-                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
-                return
-        self.tokenizer = tok
-        self.tokenizer_state = "local (verified)"
-        log.info("litellm-kv: %s tokenizes locally (verified against /tokenize)", self.name)
+        TOKENIZER_MISMATCH.labels(self.name).inc()
+        self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"
+        log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
 
     def _any_client(self) -> Any:
         ready = [st for st in self.fleet.replicas.values() if st.ready]
@@ -149,7 +153,7 @@ class _Group:
 
     async def tokens(self, req: Mapping[str, Any]) -> tuple[list[int], str]:
         """Prompt token ids of a chat request, and which path produced them."""
-        messages = normalise_messages(req.get("messages") or [])
+        messages = list(req.get("messages") or [])
         tools = req.get("tools") or None
         kwargs = chat_template_kwargs_for(req)
         add_gen = not bool(req.get("continue_final_message"))

@@ -44,15 +44,6 @@ def replica_id(api_base: str) -> str:
     return f"{parts.scheme or 'http'}://{host}:{port}"
 
 
-def resolve_event_endpoint(endpoint: str, api_base: str) -> str:
-    """Turn a publisher's bind address (``tcp://*:5557``) into one a subscriber can connect to."""
-    if endpoint.startswith("tcp://*") or endpoint.startswith("tcp://0.0.0.0") or endpoint.startswith("tcp://[::]"):
-        host = urlsplit(api_base).hostname or "127.0.0.1"
-        port = endpoint.rsplit(":", 1)[1]
-        return f"tcp://{host}:{port}"
-    return endpoint
-
-
 @dataclass(slots=True)
 class ReplicaState:
     replica: str

@@ -168,7 +168,7 @@ def format_table(rows: list[RunStats], replicas: dict[str, str] | None = None) -
     names = replicas or {}
     lines = [f"{'routing':<28} {'cached/prompt':>13} {'mean ms':>9} {'p95 ms':>9} {'failed':>7}  requests per replica"]
     for s in rows:
-        per = ", ".join(f"{names.get(k, k[:8])}={v}" for k, v in sorted(s.per_deployment.items()))
+        per = ", ".join(f"{names.get(k, k)}={v}" for k, v in sorted(s.per_deployment.items()))
         lines.append(f"{s.label:<28} {s.cached_ratio:>13.3f} {s.mean_latency_ms:>9.1f} {s.p95_latency_ms:>9.1f} "
                      f"{s.failures:>7}  {per}")
     return "\n".join(lines)
