@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
+from litellm_kv.index.redis import RedisIndex
+from tests.support.redis_server import RedisServer
 
 G = "llama/3.1-8b"
 
@@ -24,7 +26,33 @@ async def memory_backend() -> AsyncIterator[KVIndex]:
     yield InMemoryIndex()
 
 
-BACKENDS: list[object] = [pytest.param(memory_backend, id="memory")]
+_redis_server: list[RedisServer] = []  # one real redis-server for the module, started on first use
+
+
+@asynccontextmanager
+async def redis_backend() -> AsyncIterator[KVIndex]:
+    if not _redis_server:
+        _redis_server.append(RedisServer(name="redis-contract"))
+    srv = _redis_server[0]
+    srv.client().flushall()
+    idx = RedisIndex(srv.url)
+    try:
+        yield idx
+    finally:
+        await idx.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_redis() -> Iterator[None]:
+    yield
+    while _redis_server:
+        _redis_server.pop().stop()
+
+
+BACKENDS: list[object] = [
+    pytest.param(memory_backend, id="memory"),
+    pytest.param(redis_backend, id="redis", marks=pytest.mark.redis),
+]
 
 
 @pytest.fixture(params=BACKENDS)
