@@ -1,0 +1,46 @@
+"""Indexer configuration and CLI: typed options, errors that name the option, exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from litellm_kv.errors import ConfigError
+from litellm_kv.indexer.config import load_indexer_config
+from litellm_kv.indexer.service import resolve_event_endpoint
+from tests.support.procs import PYTHON, ROOT, ManagedProcess
+
+
+def test_config_parses_and_checks(tmp_path: Path) -> None:
+    p = tmp_path / "ix.yaml"
+    p.write_text(
+        "redis_url: redis://127.0.0.1:6379/1\nhash_seed: '0'\nmodel_groups:\n  g:\n    hash_algo: sha256\n"
+        "    replicas:\n      - api_base: http://h:8000/v1\n        event_endpoints: ['tcp://h:5557']\n"
+    )
+    cfg = load_indexer_config(p)
+    assert cfg.model_groups["g"].replicas[0].event_endpoints == ["tcp://h:5557"]
+    assert cfg.seed_of("g") == "0" and cfg.port == 8790
+    p.write_text("redis_url: x\nmodel_groups:\n  g:\n    replicas: [{api_base: h, bogus: 1}]\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        load_indexer_config(p)
+    p.write_text("redis_url: x\nmodel_groups:\n  g:\n    hash_algo: md5\n    replicas: [{api_base: h}]\n")
+    with pytest.raises(ConfigError, match="hash_algo"):
+        load_indexer_config(p)
+
+
+def test_wildcard_publisher_endpoints_resolve_to_the_replica_host() -> None:
+    assert resolve_event_endpoint("tcp://*:5557", "http://10.1.2.3:8000/v1") == "tcp://10.1.2.3:5557"
+    assert resolve_event_endpoint("tcp://0.0.0.0:5557", "http://h:8000") == "tcp://h:5557"
+    assert resolve_event_endpoint("ipc:///tmp/x.sock", "http://h:8000") == "ipc:///tmp/x.sock"
+
+
+def test_cli_rejects_bad_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("redis_url: redis://127.0.0.1:1/0\nexactness_sample_rate: 2\n")
+    proc = ManagedProcess("indexer-bad", [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config", str(bad)],
+                          cwd=str(ROOT))
+    rc = proc.proc.wait(60)
+    proc.stop()
+    assert rc == 2
+    assert "exactness_sample_rate" in proc.log_path.read_text()
