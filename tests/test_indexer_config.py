@@ -44,3 +44,19 @@ def test_cli_rejects_bad_config(tmp_path: Path) -> None:
     proc.stop()
     assert rc == 2
     assert "exactness_sample_rate" in proc.log_path.read_text()
+
+
+def test_docs_list_every_option_and_metric() -> None:
+    import dataclasses
+
+    import litellm_kv.indexer.service  # noqa: F401  (declares the metrics)
+    from litellm_kv.indexer.config import GroupConfig, IndexerConfig, ReplicaConfig
+    from litellm_kv.observability import declared_metrics
+
+    page = (ROOT / "docs" / "indexer.md").read_text()
+    for cls in (IndexerConfig, GroupConfig, ReplicaConfig):
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            assert f.name in page, f"{cls.__name__}.{f.name} missing from docs/indexer.md"
+    for name in declared_metrics():
+        if name.startswith("litellm_kv_indexer_"):
+            assert name.removeprefix("litellm_kv_") in page, name
