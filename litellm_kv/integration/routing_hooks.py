@@ -83,6 +83,7 @@ class _Route:
     started: float
     released: bool = False
     first_token: bool = False
+    verified: bool = False
 
 
 class _Group:
@@ -415,8 +416,9 @@ class KVRoutingHandler(Handler):
 
     # -- after the call -----------------------------------------------------------------------------
     def _verify(self, route: _Route, usage: Any) -> None:
-        if route.shadow:
+        if route.shadow or route.verified:
             return
+        route.verified = True
         group = route.group
         predicted = route.result.predicted_hit_tokens
         actual = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
@@ -476,7 +478,12 @@ class KVRoutingHandler(Handler):
         await self._finish(request_data, None)
 
     async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
-        await self._finish(kwargs, None)
+        # Streams: LiteLLM strips the upstream usage chunk before deployment hooks see it, but the
+        # logged response carries the assembled usage.
+        usage = _usage_get(response, "usage")
+        if _usage_get(usage, "prompt_tokens") is None:
+            usage = None
+        await self._finish(kwargs, usage)
 
     async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
         await self._finish(kwargs, None)
