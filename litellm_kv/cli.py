@@ -37,9 +37,26 @@ def run_indexer(args: argparse.Namespace) -> int:
     return 0
 
 
-# Each entry adds one subparser and sets ``func``; other subcommands (demo, bench,
-# config-reference) register here the same way.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_indexer]  # type: ignore[type-arg]
+def _config_reference(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("config-reference",
+                       help="Rewrite docs/configuration.md and docs/metrics.md from the code (or check them).")
+    p.add_argument("--check", action="store_true", help="exit 1 if a generated page is out of date")
+    p.add_argument("--stdout", choices=["configuration", "metrics"], help="print one reference instead")
+    p.set_defaults(func=run_config_reference)
+
+
+def run_config_reference(args: argparse.Namespace) -> int:
+    from litellm_kv import docsgen
+
+    argv = (["--check"] if args.check else []) + (["--stdout", args.stdout] if args.stdout else [])
+    return docsgen.main(argv)
+
+
+# Each entry adds one subparser and sets ``func``; other subcommands (demo, bench) register here
+# the same way.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
+    _indexer, _config_reference,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

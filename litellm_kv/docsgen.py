@@ -249,7 +249,7 @@ def _type_text(tp: Any) -> str:
         return f"list[{_type_text(args[0]) if args else 'any'}]"
     if origin is dict:
         return f"map[{_type_text(args[0])} → {_type_text(args[1])}]" if args else "map"
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return f"section `{tp.__name__}`"
     if tp is Any:
         return "any"
