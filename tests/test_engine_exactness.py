@@ -58,7 +58,7 @@ class Fleet:
         request have been published and applied."""
         for rs in self.subs:
             for s in rs.subscribers:
-                assert await s.wait_settled(quiet_s=0.25, timeout_s=15), s.stats
+                assert await s.wait_settled(quiet_s=0.15, timeout_s=15), s.stats
 
     async def chat(self, i: int, messages: list[dict[str, Any]], max_tokens: int = 8) -> dict[str, Any]:
         resp = await self.http.post(
@@ -144,7 +144,7 @@ async def test_index_predicts_cached_tokens_exactly(fleet: Fleet) -> None:
 
     # -- probes: repeats, grown conversations, shared system prompts, fresh prompts ----------
     probes: list[list[dict[str, Any]]] = []
-    for _ in range(60):
+    for _ in range(50):
         kind = rng.random()
         if kind < 0.3:
             probes.append(rng.choice(sent))
