@@ -141,6 +141,8 @@ class EngineReplica:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+        if self.events_endpoint.startswith("ipc://"):
+            Path(self.events_endpoint[len("ipc://"):]).unlink(missing_ok=True)
 
     def restart(self, timeout: float = START_TIMEOUT_S) -> None:
         """Kill and start again on the same ports; the new engine's ``seq`` starts at 0."""
