@@ -70,6 +70,13 @@ TOKENIZER_MISMATCH = counter(
     ["model_group"],
 )
 
+LOAD_ERRORS = counter(
+    "load_store_errors",
+    "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
+    "the scraped engine gauges only.",
+    ["model_group"],
+)
+
 _CALLS_KEPT = 20_000
 
 
@@ -136,7 +143,10 @@ class _Group:
         for fmt in CONTENT_FORMATS:
             tok.content_format = fmt
             try:
-                ok = all(tok.chat_tokens(s["messages"], s.get("tools")) == w for s, w in zip(VERIFY_SAMPLES, wanted))
+                ok = all(
+                    tok.chat_tokens(s["messages"], s.get("tools")) == w
+                    for s, w in zip(VERIFY_SAMPLES, wanted, strict=True)
+                )
             except TemplateError:
                 ok = False
             if ok:
@@ -343,7 +353,7 @@ class KVRoutingHandler(Handler):
             skip_prefix_cache=req.get("prompt_logprobs") is not None,
         )
         candidates = list(by_replica)
-        loads = await g.load.snapshot(model_group, candidates)
+        loads = await _safe_snapshot(g, candidates)
         gauges = {
             r: EngineGauges(st.waiting, st.running, st.kv_usage)
             for r, st in g.fleet.replicas.items() if r in by_replica
@@ -370,8 +380,11 @@ class KVRoutingHandler(Handler):
 
             DECISIONS.labels(model_group, "shadow").inc()
             return None
-        await g.load.begin(model_group, result.replica, cid,
-                           max(0, result.prompt_tokens - result.predicted_hit_tokens))
+        try:
+            await g.load.begin(model_group, result.replica, cid,
+                               max(0, result.prompt_tokens - result.predicted_hit_tokens))
+        except Exception:
+            LOAD_ERRORS.labels(model_group).inc()
         return [chosen]
 
     def _remember(self, cid: str, route: _Route) -> None:
@@ -388,7 +401,7 @@ class KVRoutingHandler(Handler):
             return
         for cid, r in list(self.routes.items()):
             if r is route:
-                await g.load.end(cid)
+                await _safe_load(g, g.load.end(cid))
                 break
 
     def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
@@ -453,7 +466,7 @@ class KVRoutingHandler(Handler):
             route.released = True
             g = self.groups.get(route.group)
             if g is not None and not route.shadow:
-                await g.load.end(cid)
+                await _safe_load(g, g.load.end(cid))
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):
@@ -469,7 +482,7 @@ class KVRoutingHandler(Handler):
             route.first_token = True
             g = self.groups.get(route.group)
             if g is not None:
-                await g.load.first_token(cid)
+                await _safe_load(g, g.load.first_token(cid))
         usage = _usage_get(chunk, "usage")
         if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
@@ -507,7 +520,7 @@ class KVRoutingHandler(Handler):
         tokens, path = await g.tokens(body)
         hasher = g.fleet.hasher()
         candidates = list(g.fleet.replicas)
-        loads = await g.load.snapshot(group, candidates)
+        loads = await _safe_snapshot(g, candidates)
         gauges = {r: EngineGauges(st.waiting, st.running, st.kv_usage) for r, st in g.fleet.replicas.items()}
         result = await g.router.decide(
             RoutingRequest(token_ids=tokens, cache_salt=body.get("cache_salt")), hasher, candidates, loads, gauges,
@@ -518,6 +531,22 @@ class KVRoutingHandler(Handler):
         out["tokenizer"] = path
         out["block_size"] = hasher.block_size if hasher else None
         return out
+
+
+async def _safe_snapshot(g: _Group, candidates: list[str]) -> dict[str, Any]:
+    """Router-tracked load; when the shared store (Redis) is down, decide on scraped gauges alone."""
+    try:
+        return await g.load.snapshot(g.name, candidates)
+    except Exception:
+        LOAD_ERRORS.labels(g.name).inc()
+        return {}
+
+
+async def _safe_load(g: _Group, op: Any) -> None:
+    try:
+        await op
+    except Exception:
+        LOAD_ERRORS.labels(g.name).inc()
 
 
 def _router_deployments() -> list[dict[str, Any]]:

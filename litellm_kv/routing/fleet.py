@@ -10,6 +10,7 @@ that state is what ``/litellm-kv/health`` and ``litellm_kv_group_exact`` show.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ class Fleet:
             bind=bool(info.get("bind", False)),
             hasher_factory=self.hasher_for_checks,
             sample_every=self.options.exactness_sample_every,
-            on_not_exact=lambda why, st=st: self._mark_not_exact(st, why),
+            on_not_exact=functools.partial(self._mark_not_exact, st),
         )
 
     def _mark_not_exact(self, st: ReplicaState, why: str) -> None:
