@@ -14,7 +14,7 @@ import redis
 from redis.crc import key_slot
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
-from litellm_kv.index.redis import CLEAR, ApplyStatus, RedisIndex, group_tag
+from litellm_kv.index.redis import CLEAR, ApplyStatus, RedisIndex, RootStored, group_tag
 from tests.support.procs import ManagedProcess, free_port
 from tests.support.redis_server import RedisServer
 
@@ -56,6 +56,45 @@ async def test_refcount_per_copy(index: RedisIndex) -> None:
     await index.apply(G, "a", [stored(3)])
     assert await index.lookup(G, [1, 2, 3]) == {"a": ReplicaMatch(gpu=3)}
     assert await index.size(G) == 3
+
+
+async def test_root_store_of_a_held_chain_is_a_reannouncement(index: RedisIndex) -> None:
+    """kv_cache_report_mode=full: a hit re-emits BlockStored(parent None, from block 0). Counting
+    it would keep blocks alive in the index after the engine evicted its only copy."""
+    res = await index.apply_batch(G, "a", [RootStored(stored(1, 2, 3))], stream="a#0", seq=0, ts=1.0)
+    assert (res.touched, res.reannounced) == (3, 0)  # a fresh chain from block 0: real store
+    # The engine hits blocks 1, 2 (re-announced) and stores 4 after them, in one batch.
+    res = await index.apply_batch(G, "a", [RootStored(stored(1, 2)), stored(4)], stream="a#0", seq=1, ts=2.0)
+    assert (res.touched, res.reannounced) == (1, 1)
+    # Evicting the single copy of 2 must end the match at block 1.
+    await index.apply_batch(G, "a", [removed(2)], stream="a#0", seq=2, ts=3.0)
+    assert await index.lookup(G, [1, 2, 3, 4]) == {"a": ReplicaMatch(gpu=1)}
+    # A root store of a chain only partly held is a real store (2 recomputed): every hash counts.
+    res = await index.apply_batch(G, "a", [RootStored(stored(1, 2))], stream="a#0", seq=3, ts=4.0)
+    assert (res.touched, res.reannounced) == (2, 0)
+    await index.apply_batch(G, "a", [removed(1)], stream="a#0", seq=4, ts=5.0)
+    assert await index.lookup(G, [1, 2]) == {"a": ReplicaMatch(gpu=2)}  # 1 was stored twice
+    # Earlier ops of the same batch count: stored then re-announced in one batch is one copy.
+    await index.apply_batch(G, "a", [stored(7, 8), RootStored(stored(7, 8))], stream="a#0", seq=5, ts=6.0)
+    await index.apply_batch(G, "a", [removed(8)], stream="a#0", seq=6, ts=7.0)
+    assert await index.lookup(G, [7, 8]) == {"a": ReplicaMatch(gpu=1)}
+
+
+async def test_root_store_checks_the_replica_and_tier(index: RedisIndex) -> None:
+    await index.apply(G, "b", [stored(1, 2)])  # another replica's blocks do not make it a repeat
+    await index.apply(G, "a", [stored(1, 2, tier=Tier.CPU)])
+    # A GPU root store while the chain is only on CPU (e.g. loaded back from the offload tier) is
+    # a new GPU copy.
+    res = await index.apply_batch(G, "a", [RootStored(stored(1, 2))])
+    assert (res.touched, res.reannounced) == (2, 0)
+    res = await index.apply_batch(G, "a", [RootStored(stored(1, 2))])
+    assert (res.touched, res.reannounced) == (0, 1)
+    # A duplicate batch (HA) changes nothing and reports nothing.
+    await index.apply_batch(G, "a", [stored(5)], stream="a#0", seq=0, ts=1.0)
+    dup = await index.apply_batch(G, "a", [RootStored(stored(9))], stream="a#0", seq=0, ts=1.0)
+    assert (dup.status, dup.touched, dup.reannounced) == (ApplyStatus.DUPLICATE, 0, 0)
+    with pytest.raises(ValueError):
+        await index.apply_batch(G, "a", [RootStored(removed(1))])
 
 
 async def test_lookup_walks_chain_per_replica_and_splits_tiers(index: RedisIndex) -> None:

@@ -25,6 +25,11 @@ only if its ``seq`` is the next one of its stream (``last + 1``) and otherwise r
 (another indexer was faster) or a gap (replay from ``last + 1``). A batch whose ``seq`` is not
 above the last one but whose timestamp is newer starts a new engine lifetime (vLLM restarts its
 ``seq`` at 0 and sends no ``AllBlocksCleared``): the replica is purged in the same script.
+
+Re-announcements: with ``kv_cache_report_mode: "full"`` the engine re-emits ``BlockStored``
+(parent None, from block 0) for the blocks a request hit. Counting those would inflate the
+refcounts and over-predict after eviction; the writer marks root stores (:class:`RootStored`) and
+the apply script skips one whose whole chain the replica already holds on that tier.
 """
 
 from __future__ import annotations
@@ -83,6 +88,16 @@ local function bump(blocks, rev, h, id, tier, delta)
   return 1
 end
 
+-- True when every packed hash has a count > 0 for code (replica id * 4 + tier).
+local function holds_chain(blocks, packed, code)
+  local needle = ';' .. code .. ':'
+  for k = 1, #packed, 8 do
+    local v = redis.call('HGET', blocks, string.sub(packed, k, k + 7))
+    if not v or not string.find(v, needle, 1, true) then return false end
+  end
+  return true
+end
+
 local function purge(blocks, rev, id)
   local members = redis.call('SMEMBERS', rev)
   for _, h in ipairs(members) do
@@ -104,8 +119,10 @@ end
 
 # KEYS: blocks, ids, names, streams, groups
 # ARGV: group, rev_prefix, replica, stream, seq, ts, force, then ops:
-#   'C' (all blocks cleared) | 'o<delta>,<tier>' followed by its hashes packed (8 bytes each, big-endian)
-# Returns {status, last_seq, touched, purged}; status: applied | duplicate | gap | restart
+#   'C' (all blocks cleared) | 'o<delta>,<tier>' or 'r<delta>,<tier>' (a root store: skipped when the
+#   replica already holds the whole chain on that tier), followed by its hashes packed (8 bytes each,
+#   big-endian)
+# Returns {status, last_seq, touched, purged, reannounced}; status: applied | duplicate | gap | restart
 _APPLY = _PRELUDE + r"""
 local blocks, ids, names, streams = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rev_prefix, replica, stream = ARGV[2], ARGV[3], ARGV[4]
@@ -122,20 +139,20 @@ if seq >= 0 then
     last = tonumber(string.sub(st, 1, sep - 1))
     local last_ts = tonumber(string.sub(st, sep + 1))
     if seq <= last then
-      if ts <= last_ts then return {'duplicate', last, 0, 0} end
+      if ts <= last_ts then return {'duplicate', last, 0, 0, 0} end
       -- Lower seq, newer time: the engine restarted; its old blocks are gone.
       purged = purge(blocks, rev, id)
       status = 'restart'
       last = -1
       if seq ~= 0 and not force then
         redis.call('HSET', streams, stream, '-1|' .. ARGV[6])
-        return {'gap', -1, 0, purged}
+        return {'gap', -1, 0, purged, 0}
       end
     elseif seq > last + 1 and not force then
-      return {'gap', last, 0, 0}
+      return {'gap', last, 0, 0, 0}
     end
   elseif seq ~= 0 and not force then
-    return {'gap', -1, 0, 0}
+    return {'gap', -1, 0, 0, 0}
   end
   if force and seq ~= last + 1 then
     -- The missing batches are gone: forget what we knew and re-learn from here.
@@ -144,22 +161,28 @@ if seq >= 0 then
   end
   redis.call('HSET', streams, stream, seq .. '|' .. ARGV[6])
 end
-local touched = 0
+local touched, reannounced = 0, 0
 local i = 8
 while i <= #ARGV do
   if ARGV[i] == 'C' then
     purged = purged + purge(blocks, rev, id)
     i = i + 1
   else
-    local d, t = string.match(ARGV[i], '^o(-?%d+),(%d+)$')
+    local kind, d, t = string.match(ARGV[i], '^([or])(-?%d+),(%d+)$')
     d, t = tonumber(d), tonumber(t)
     local packed = ARGV[i + 1]
-    for k = 1, #packed, 8 do touched = touched + bump(blocks, rev, string.sub(packed, k, k + 7), id, t, d) end
+    -- A root store (parent None, from block 0) of a chain the replica already holds is the engine
+    -- re-announcing a prefix-cache hit (kv_cache_report_mode=full), not a new copy.
+    if kind == 'r' and holds_chain(blocks, packed, id * 4 + t) then
+      reannounced = reannounced + 1
+    else
+      for k = 1, #packed, 8 do touched = touched + bump(blocks, rev, string.sub(packed, k, k + 7), id, t, d) end
+    end
     i = i + 2
   end
 end
 if seq >= 0 then last = seq end
-return {status, last, touched, purged}
+return {status, last, touched, purged, reannounced}
 """
 
 # KEYS: blocks, ids, names   ARGV: packed block hashes (8 bytes each), then replica filter names
@@ -300,9 +323,27 @@ class ApplyResult:
     last_seq: int  # last seq applied for the stream after this call (-1: none)
     touched: int  # hashes whose refcount changed
     purged: int  # (replica, hash) entries dropped by a restart or AllBlocksCleared
+    reannounced: int = 0  # root stores skipped because the replica already held their chain
 
 
 CLEAR = "C"  # marker in an op list: AllBlocksCleared
+
+
+@dataclass(slots=True, frozen=True)
+class RootStored:
+    """A ``BlockStored`` op whose event had ``parent_block_hash`` None (its chain starts at block 0).
+
+    With ``kv_cache_report_mode: "full"`` the engine re-announces every prefix-cache hit this way;
+    those are not new physical copies, so :meth:`RedisIndex.apply_batch` skips the op when the
+    replica already holds its whole chain on the op's tier (the embedded subscriber's rule, checked
+    in the same script as the batch, so it sees the batch's earlier ops). Blind spot: a request of
+    one block that recomputes its cached first block makes a real second copy, counted once.
+    """
+
+    op: BlockOp
+
+
+ApplyOp = BlockOp | RootStored | str  # str: the CLEAR marker
 
 
 def group_tag(group: str) -> str:
@@ -329,17 +370,20 @@ def _pack(hashes: Sequence[int]) -> bytes:
     return struct.pack(f">{len(hashes)}Q", *(h & _U64 for h in hashes))
 
 
-def _encode_ops(ops: Iterable[BlockOp | str]) -> list[bytes | str]:
+def _encode_ops(ops: Iterable[ApplyOp]) -> list[bytes | str]:
     args: list[bytes | str] = []
-    for op in ops:
-        if isinstance(op, str):
-            if op != CLEAR:
-                raise ValueError(f"unknown op marker {op!r}")
+    for item in ops:
+        if isinstance(item, str):
+            if item != CLEAR:
+                raise ValueError(f"unknown op marker {item!r}")
             args.append(CLEAR)
             continue
+        kind, op = ("r", item.op) if isinstance(item, RootStored) else ("o", item)
         if not op.hashes or op.delta == 0:
             continue
-        args.append(f"o{op.delta},{int(op.tier)}")
+        if kind == "r" and op.delta < 0:
+            raise ValueError("RootStored wraps a BlockStored op (delta > 0)")
+        args.append(f"{kind}{op.delta},{int(op.tier)}")
         args.append(_pack(op.hashes))
     return args
 
@@ -385,7 +429,7 @@ class RedisIndex:
         self,
         group: str,
         replica: str,
-        ops: Iterable[BlockOp | str],
+        ops: Iterable[ApplyOp],
         *,
         stream: str | None = None,
         seq: int = -1,
@@ -396,6 +440,7 @@ class RedisIndex:
 
         ``seq < 0`` applies unconditionally. ``force`` accepts a batch after an unrecoverable gap
         (purging the replica first, since the missed batches may have removed blocks).
+        A :class:`RootStored` op is skipped when the replica already holds its whole chain.
         """
         k = self._k(group)
         args: list[bytes | str] = [
@@ -404,7 +449,7 @@ class RedisIndex:
         args.extend(_encode_ops(ops))
         self.round_trips += 1
         res = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, GROUPS_KEY], args=args)
-        return ApplyResult(ApplyStatus(_text(res[0])), int(res[1]), int(res[2]), int(res[3]))
+        return ApplyResult(ApplyStatus(_text(res[0])), int(res[1]), int(res[2]), int(res[3]), int(res[4]))
 
     async def apply(self, group: str, replica: str, ops: Iterable[BlockOp]) -> int:
         return (await self.apply_batch(group, replica, ops)).touched

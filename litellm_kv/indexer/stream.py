@@ -13,6 +13,10 @@ each batch goes through :meth:`RedisIndex.apply_batch`, which applies it only if
 * **engine restart**: a lower ``seq`` with a newer timestamp; the script purges the replica;
 * **Redis outage**: the apply raises; the stream waits with exponential backoff, then resumes as
   after a restart (a Redis that lost its data has no stream state: replay from 0).
+
+``BlockStored`` events with parent None go to Redis as :class:`RootStored` ops: with
+``kv_cache_report_mode: "full"`` they may re-announce a prefix-cache hit, which the apply script
+does not count again when the replica already holds the whole chain.
 """
 
 from __future__ import annotations
@@ -30,8 +34,7 @@ import zmq.asyncio
 from redis.exceptions import RedisError
 
 from litellm_kv.events import AllBlocksCleared, BlockStored, EventDecodeError, decode_event_batch, to_block_ops
-from litellm_kv.index.base import BlockOp
-from litellm_kv.index.redis import CLEAR, ApplyResult, ApplyStatus, RedisIndex
+from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, RedisIndex, RootStored
 from litellm_kv.observability import counter, gauge
 
 log = logging.getLogger("litellm_kv.indexer")
@@ -52,6 +55,12 @@ REPLAYS = counter(
 RESYNCS = counter(
     "indexer_resyncs",
     "Times a replica was purged and re-learned (engine restart, lost batches, AllBlocksCleared).",
+    ["model_group", "replica"],
+)
+REANNOUNCED = counter(
+    "indexer_reannounced",
+    "Root BlockStored events of chains a replica already held (kv_cache_report_mode=full re-announcing "
+    "prefix-cache hits), not counted again.",
     ["model_group", "replica"],
 )
 LAST_SEQ = gauge("indexer_last_seq", "Last KV-event seq applied to Redis.", ["model_group", "replica", "stream"])
@@ -77,6 +86,7 @@ class StreamStats:
     batches_seen: int = 0
     events_applied: int = 0
     duplicates: int = 0
+    reannounced: int = 0
     gaps: int = 0
     replays: int = 0
     resyncs: int = 0
@@ -242,13 +252,18 @@ class EventStream:
             self.stats.last_error = f"bad payload at seq {seq}: {exc}"
             BATCHES.labels(*self._labels, "bad").inc()
             return None
-        ops: list[BlockOp | str] = []
+        ops: list[ApplyOp] = []
         for ev in batch.events:
             if isinstance(ev, AllBlocksCleared):
                 ops.append(CLEAR)
                 continue
-            ops.extend(to_block_ops(ev))
-            if isinstance(ev, BlockStored) and self.check is not None:
+            if not isinstance(ev, BlockStored):
+                ops.extend(to_block_ops(ev))
+                continue
+            # Parent None: possibly a re-announced hit; Redis decides against the replica's entries.
+            root = ev.parent_block_hash is None
+            ops.extend(RootStored(op) if root else op for op in to_block_ops(ev))
+            if self.check is not None:
                 try:
                     self.check(ev)
                 except Exception as exc:  # a broken check must never stop indexing
@@ -264,6 +279,9 @@ class EventStream:
             self.stats.last_seq = res.last_seq
             LAST_SEQ.labels(*self._labels, self.stats.stream).set(res.last_seq)
             BLOCKS.labels(*self._labels).inc(res.touched)
+            if res.reannounced:
+                self.stats.reannounced += res.reannounced
+                REANNOUNCED.labels(*self._labels).inc(res.reannounced)
         elif res.status is ApplyStatus.DUPLICATE:
             self.stats.duplicates += 1
             self.stats.last_seq = max(self.stats.last_seq, res.last_seq)
