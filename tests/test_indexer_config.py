@@ -8,7 +8,7 @@ import pytest
 
 from litellm_kv.errors import ConfigError
 from litellm_kv.indexer.config import load_indexer_config
-from litellm_kv.indexer.service import resolve_event_endpoint
+from litellm_kv.subscriber import connectable
 from tests.support.procs import PYTHON, ROOT, ManagedProcess
 
 
@@ -30,9 +30,9 @@ def test_config_parses_and_checks(tmp_path: Path) -> None:
 
 
 def test_wildcard_publisher_endpoints_resolve_to_the_replica_host() -> None:
-    assert resolve_event_endpoint("tcp://*:5557", "http://10.1.2.3:8000/v1") == "tcp://10.1.2.3:5557"
-    assert resolve_event_endpoint("tcp://0.0.0.0:5557", "http://h:8000") == "tcp://h:5557"
-    assert resolve_event_endpoint("ipc:///tmp/x.sock", "http://h:8000") == "ipc:///tmp/x.sock"
+    assert connectable("tcp://*:5557", "http://10.1.2.3:8000/v1") == "tcp://10.1.2.3:5557"
+    assert connectable("tcp://0.0.0.0:5557", "http://h:8000") == "tcp://h:5557"
+    assert connectable("ipc:///tmp/x.sock", "http://h:8000") == "ipc:///tmp/x.sock"
 
 
 def test_cli_rejects_bad_config(tmp_path: Path) -> None:

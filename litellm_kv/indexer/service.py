@@ -15,7 +15,6 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import zmq.asyncio
 from redis.exceptions import RedisError
@@ -28,6 +27,7 @@ from litellm_kv.indexer.config import IndexerConfig, ReplicaConfig
 from litellm_kv.indexer.stream import EventStream
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.fleet import replica_id
+from litellm_kv.subscriber import connectable
 
 log = logging.getLogger("litellm_kv.indexer")
 
@@ -46,15 +46,6 @@ LOOKUP_SECONDS = histogram(
     "indexer_lookup_seconds", "POST /lookup latency (hashing + one Redis round trip).", ["model_group"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
 )
-
-
-def resolve_event_endpoint(endpoint: str, api_base: str) -> str:
-    """A publisher's bind address (``tcp://*:5557``) as a subscriber reaches it: the wildcard
-    host becomes the replica's host. Concrete and ipc:// endpoints are used as they are."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"):
-        if endpoint.startswith(wildcard):
-            return f"tcp://{urlsplit(api_base).hostname or '127.0.0.1'}:{endpoint[len(wildcard):]}"
-    return endpoint
 
 
 @dataclass(slots=True)
@@ -190,8 +181,8 @@ class Indexer:
             for src in sources:
                 replay = src.replay_endpoint
                 endpoints.append((
-                    resolve_event_endpoint(src.endpoint, cfg.api_base),
-                    resolve_event_endpoint(replay, cfg.api_base) if replay else None,
+                    connectable(src.endpoint, cfg.api_base),
+                    connectable(replay, cfg.api_base) if replay else None,
                     cfg.topic if cfg.topic is not None else src.topic,
                 ))
         out = []
