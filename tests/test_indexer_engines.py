@@ -183,7 +183,7 @@ def check_exact(ix: Indexer, engines: list[EngineReplica], seeds: range, readers
         tokens = tokenize(engines[0], msgs)
         predicted = ix.lookup(tokens)
         if readers and hasher is not None:
-            views = [asyncio.run(_reader_view(r, hasher, tokens)) for r in readers]
+            views = [asyncio.run(_reader_view(r.url, hasher, tokens)) for r in readers]
             assert all(v == views[0] for v in views), views
             for rid, hit in predicted.items():
                 assert views[0].get(rid, 0) == hit, (rid, views[0], predicted)
@@ -196,8 +196,8 @@ def check_exact(ix: Indexer, engines: list[EngineReplica], seeds: range, readers
     return compared
 
 
-async def _reader_view(index: RedisIndex, hasher: BlockHasher, tokens: list[int]) -> dict[str, int]:
-    fresh = RedisIndex(index.url)  # a reader with its own connection, like another proxy process
+async def _reader_view(url: str, hasher: BlockHasher, tokens: list[int]) -> dict[str, int]:
+    fresh = RedisIndex(url)  # a reader with its own connection, like another proxy process
     try:
         m = await fresh.lookup(GROUP, hasher.wire_hashes(tokens))
     finally:
@@ -243,6 +243,49 @@ def test_index_matches_engines_and_readers_agree(
     assert sum(r["exactness"]["checked_blocks"] for r in h["replicas"]) > 0, h
     metrics = httpx.get(indexer.url + "/metrics").text
     assert "litellm_kv_indexer_batches_total" in metrics
+
+
+def test_full_report_mode_reannouncements_stay_exact_under_eviction(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    """With ``kv_cache_report_mode: "full"`` (what the proxies ask for) every hit re-emits
+    ``BlockStored`` from block 0. Counted as copies, repeated prompts would survive their eviction in
+    the index; the apply script must skip them. Hot prompts are hit repeatedly on both replicas, then
+    fresh prompts (~300 blocks per replica, caches hold 256) evict them; probes then compare Redis's
+    prediction with ``cached_tokens`` for every probe on every replica."""
+    rng = random.Random(20260501)
+    hot = [[{"role": "user", "content": f"hot {i}: " + _text(rng, 200)}] for i in range(4)]
+    for e in engines:
+        for msgs in hot:
+            chat(e, msgs)
+            chat(e, msgs)  # a full hit: re-announced
+            chat(e, [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": _text(rng, 20)}])
+    settle(indexer)
+    reannounced = sum(s["reannounced"] for r in indexer.health()["replicas"] for s in r["streams"])
+    assert reannounced >= 2 * len(hot) * 2, indexer.health()
+    fresh = [[{"role": "user", "content": f"fresh {i}: " + _text(rng, 200)}] for i in range(16)]
+    for i, msgs in enumerate(fresh):
+        for e in engines:
+            chat(e, msgs if i % 2 else [*msgs, {"role": "user", "content": _text(rng, 40)}])
+
+    probes = [*hot, *fresh[-3:], hot[0], fresh[0]]
+    settle(indexer)
+    hasher = BlockHasher("sha256", 32)
+    compared = evicted = 0
+    for msgs in probes:
+        tokens = tokenize(engines[0], msgs)
+        predicted = asyncio.run(_reader_view(redis_srv.url, hasher, tokens))  # like a proxy
+        assert all(predicted.get(rid, 0) == hit for rid, hit in indexer.lookup(tokens).items())
+        for e in engines:
+            actual = chat(e, msgs)
+            rid = replica_id(e.api_base)
+            assert predicted.get(rid, 0) == actual, f"{e.name}: predicted {predicted.get(rid, 0)}, cached {actual}"
+            compared += 1
+            evicted += msgs in hot and actual < predicted_hit_tokens(len(tokens) // 32, len(tokens), 32)
+        settle(indexer)
+    print(f"\n[full report mode] {compared}/{compared} probes exact after eviction "
+          f"({evicted} probes of hot prompts found them evicted; {reannounced} re-announcements skipped)")
+    assert evicted > 0, "the traffic did not evict the hot prompts"
 
 
 def test_two_indexers_do_not_double_count(
