@@ -107,7 +107,7 @@ async def _distinct_blocks(url: str, convs: list[Any], block_size: int) -> int:
 
 
 def test_kv_routing_beats_simple_shuffle(proxy: Proxy, engines: list[EngineReplica]) -> None:
-    convs = make_workload(groups=8, convs_per_group=2, turns=4, system_words=300)
+    convs = make_workload(groups=14, convs_per_group=1, turns=6, system_words=150, user_words=25, seed=5)
 
     async def run() -> tuple[Any, Any, int, int, int]:
         async with EngineClient(engines[0].url) as c:

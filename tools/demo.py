@@ -103,7 +103,7 @@ async def main_async(args: argparse.Namespace) -> int:
             info = await client.metrics()
         bs, blocks = int(info.block_size or 0), int(info.num_gpu_blocks or 0)
         convs = make_workload(groups=args.groups, convs_per_group=args.convs, turns=args.turns,
-                              system_words=args.system_words)
+                              system_words=args.system_words, user_words=args.user_words, seed=args.seed)
         need = await distinct_blocks(r0.url, bs, convs)
         fits_one = need <= blocks
         fits_fleet = need <= blocks * len(replicas)
@@ -144,11 +144,15 @@ async def main_async(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--kv-cache", default="6M", help="KV cache bytes per replica (small: forces eviction)")
-    ap.add_argument("--groups", type=int, default=8)
-    ap.add_argument("--convs", type=int, default=3)
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--system-words", type=int, default=260)
+    ap.add_argument("--kv-cache", default="8M", help="KV cache bytes per replica (small: forces eviction)")
+    # Sized with the 8 MiB caches (256 blocks of 32) so the distinct prefixes overflow one replica's
+    # cache but fit the fleet's: the regime where routing matters.
+    ap.add_argument("--groups", type=int, default=14, help="distinct system prompts")
+    ap.add_argument("--convs", type=int, default=1, help="conversations per system prompt")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--system-words", type=int, default=150)
+    ap.add_argument("--user-words", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args(argv)
     return asyncio.run(main_async(args))

@@ -131,13 +131,16 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str], bod
     return Result(dt, usage.get("prompt_tokens", 0), cached, dep, 200), "".join(text_parts)
 
 
-async def run_workload(proxy_url: str, api_key: str, model: str, conversations: list[Conversation], *,
+async def run_workload(proxy_url: str | list[str], api_key: str, model: str, conversations: list[Conversation], *,
                        label: str, concurrency: int = 4, stream: bool = False, tools: bool = False,
                        max_tokens: int = 12, seed: int = 11) -> RunStats:
-    """Send every conversation turn by turn (turns of different conversations interleave)."""
+    """Send every conversation turn by turn (turns of different conversations interleave).
+
+    With several proxy URLs, consecutive requests go to the proxies in turn (a fleet of proxies)."""
     for c in conversations:
         c.history = [{"role": "system", "content": c.system}]
-    url = f"{proxy_url}/v1/chat/completions"
+    urls = [f"{u}/v1/chat/completions" for u in ([proxy_url] if isinstance(proxy_url, str) else proxy_url)]
+    sent = 0
     headers = {"Authorization": f"Bearer {api_key}"}
     sem = asyncio.Semaphore(concurrency)
     results: list[Result] = []
@@ -151,6 +154,9 @@ async def run_workload(proxy_url: str, api_key: str, model: str, conversations: 
             if tools:
                 body["tools"] = TOOLS
                 body["tool_choice"] = "none"
+            nonlocal sent
+            url = urls[sent % len(urls)]
+            sent += 1
             async with sem:
                 res, text = await _one(client, url, headers, body, stream)
             results.append(res)
