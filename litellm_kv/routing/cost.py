@@ -89,10 +89,17 @@ class CostConfig:
         "Cost added at 100 % KV usage, scaled linearly from the threshold.", default=8192.0
     )
     credit_decay_tokens: float = doc(
-        "Anti-starvation: a replica's cache credit is divided by (1 + excess/this), where excess "
-        "is its load above the least-loaded candidate, in prefill tokens. Smaller spreads hot "
-        "prefixes sooner; 0 turns decay off (Dynamo's default behaviour).",
+        "Anti-starvation: a replica's cache credit is divided by 1 + excess/(this + "
+        "credit_decay_load_factor·min_load), where excess is its load above the least-loaded "
+        "candidate's (min_load), in prefill tokens. Smaller spreads hot prefixes sooner; 0 turns "
+        "decay off (Dynamo's default).",
         default=8192.0,
+    )
+    credit_decay_load_factor: float = doc(
+        "How much the least-loaded replica's own load widens the decay scale. Next to an idle "
+        "(new) replica, credit decays fast; in a fleet where every queue is long, a spread of the "
+        "same size matters less than the hits, so credit is kept.",
+        default=10.0,
     )
     imbalance_guard: bool = doc(
         "Switch to the least-loaded replica when the chosen one is loaded beyond both spreads below.",
@@ -116,7 +123,7 @@ class CostConfig:
     def validate(self) -> None:
         for name in ("gpu_credit", "cpu_credit", "storage_credit", "sibling_credit",
                      "prefill_load_scale", "decode_token_weight", "waiting_request_tokens",
-                     "recent_weight", "kv_usage_penalty_tokens", "credit_decay_tokens",
+                     "recent_weight", "kv_usage_penalty_tokens", "credit_decay_tokens", "credit_decay_load_factor",
                      "imbalance_abs_tokens", "temperature"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -234,7 +241,11 @@ class CostModel:
             r = c.replica
             cr = credit.get(r, 0.0)
             if cr and cfg.credit_decay_tokens > 0:
-                cr /= 1.0 + (loads[r] - floor) / cfg.credit_decay_tokens
+                # Relative to the least-loaded replica's load: an idle replica next to a busy one
+                # decays the busy one's credit fast; in an overloaded fleet, where every queue
+                # is long, the same absolute spread matters less and hits are worth keeping.
+                scale = cfg.credit_decay_tokens + cfg.credit_decay_load_factor * floor
+                cr /= 1.0 + (loads[r] - floor) / scale
             costs[r] = loads[r] + cfg.prefill_load_scale * max(0.0, prompt_tokens - cr)
 
         if cfg.temperature > 0:
