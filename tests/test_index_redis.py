@@ -145,6 +145,79 @@ async def test_purge_in_one_step_and_size(index: RedisIndex) -> None:
     assert await index.purge_replica(G, "unknown") == 0
 
 
+async def test_purge_retires_at_once_and_sweeps_in_small_steps(server: RedisServer) -> None:
+    """A purge must not block Redis for the replica's whole cache: it retires the replica's id in
+    O(1) (lookups ignore it at once, the replica's next write gets a fresh id) and the entries are
+    stripped in bounded steps. The monolithic strip (the old purge) is timed on an identical
+    population in the same run for comparison."""
+    server.client().flushall()
+    index = RedisIndex(server.url, auto_sweep=False)
+    raw = server.client()
+    n = 100_000
+    rng = random.Random(5)
+    chains = {name: [rng.getrandbits(64) for _ in range(n)] for name in ("a", "c")}
+    try:
+        for name, chain in chains.items():
+            for i in range(0, n, 20_000):
+                await index.apply(G, name, [stored(*chain[i:i + 20_000])])
+        await index.apply(G, "b", [stored(*chains["a"][:10])])
+        blocks = f"lkv:{{{group_tag(G)}}}:blocks"
+        retired = f"lkv:{{{group_tag(G)}}}:retired"
+        before = await index.lookup(G, chains["a"][:10])
+        assert before == {"a": ReplicaMatch(gpu=10), "b": ReplicaMatch(gpu=10)}
+
+        t0 = asyncio.get_running_loop().time()
+        assert await index.purge_replica(G, "a") == n
+        retire_s = asyncio.get_running_loop().time() - t0
+        # Entries still there, already invisible; the name lives on under a fresh id.
+        assert raw.hlen(blocks) == 2 * n and raw.scard(retired) == 1
+        assert await index.lookup(G, chains["a"][:10]) == {"b": ReplicaMatch(gpu=10)}
+        assert await index.size(G) == n + 10 and await index.replicas(G) == ["b", "c"]
+        await index.apply(G, "a", [stored(*chains["a"][:3])])
+        assert (await index.lookup(G, chains["a"][:10]))["a"] == ReplicaMatch(gpu=3)
+
+        # The server's own time per script (how long it blocks others); the threshold leaves out the
+        # scripts' inner commands (microseconds each), which Redis 7 logs too.
+        raw.config_set("slowlog-log-slower-than", 300)
+        raw.config_set("slowlog-max-len", 1000)
+        raw.slowlog_reset()
+        while True:
+            done, left = await index.sweep_once(G, 1000)
+            assert done <= 1000
+            if not left:
+                break
+        steps = [e["duration"] / 1e6 for e in raw.slowlog_get(1000) if e["command"].startswith(b"EVALSHA")]
+        assert raw.hlen(blocks) == n + 10 and raw.scard(retired) == 0  # c's chain, and a/b's 10 blocks
+        assert await index.lookup(G, chains["a"][:10]) == {"a": ReplicaMatch(gpu=3), "b": ReplicaMatch(gpu=10)}
+
+        # The old purge's cost: strip a whole replica in one script.
+        assert await index.purge_replica(G, "c") == n
+        raw.slowlog_reset()
+        assert await index.sweep_once(G, n) == (n, 0)
+        whole_s = max(e["duration"] for e in raw.slowlog_get(10) if e["command"].startswith(b"EVALSHA")) / 1e6
+        raw.config_set("slowlog-log-slower-than", 10_000)
+        median = sorted(steps)[len(steps) // 2]
+        print(f"\n[purge {n} entries] retire {retire_s * 1e3:.2f} ms (client-side, incl. the round trip); "
+              f"sweep in {len(steps)} steps of 1000 entries, Redis busy median {median * 1e3:.1f} ms, longest "
+              f"{max(steps) * 1e3:.1f} ms; one-script strip (old purge) {whole_s * 1e3:.0f} ms = "
+              f"{whole_s / max(steps):.0f}x the longest step")
+        assert len(steps) >= n // 2000 and max(steps) < whole_s / 10
+    finally:
+        await index.close()
+
+
+async def test_purges_are_swept_in_the_background(index: RedisIndex, server: RedisServer) -> None:
+    await index.apply_batch(G, "a", [stored(*range(1, 2001))], stream="a#0", seq=0, ts=1.0)
+    await index.apply(G, "b", [stored(*range(1, 6))])
+    await index.purge_replica(G, "b")
+    await index.apply_batch(G, "a", [CLEAR, stored(7)], stream="a#0", seq=1, ts=2.0)  # purge mid-batch
+    await index.wait_sweeps()
+    raw = server.client()
+    assert raw.scard(f"lkv:{{{group_tag(G)}}}:retired") == 0
+    assert raw.hkeys(f"lkv:{{{group_tag(G)}}}:blocks") == [(7).to_bytes(8, "big")]
+    assert await index.lookup(G, [7]) == {"a": ReplicaMatch(gpu=1)}
+
+
 async def test_heartbeat_expiry_purges(index: RedisIndex) -> None:
     await index.apply(G, "a", [stored(1)])
     await index.apply(G, "b", [stored(1)])
@@ -227,7 +300,7 @@ async def test_keys_share_the_group_hash_tag(index: RedisIndex, server: RedisSer
     group = "team{x}/model"
     await index.apply_batch(group, "a", [stored(1, 2)], stream="a#0", seq=0, ts=1.0)
     await index.heartbeat(group, "a", 10)
-    keys = [k.decode() for k in server.client().keys("lkv:{*")]
+    keys = [k.decode() if isinstance(k, bytes) else str(k) for k in server.client().keys("lkv:{*")]
     assert len(keys) >= 5
     assert all(f"{{{group_tag(group)}}}" in k for k in keys)
     assert len({key_slot(k.encode()) for k in keys}) == 1

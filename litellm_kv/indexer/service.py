@@ -275,6 +275,8 @@ class Indexer:
                     log.warning("indexer: replica %s of %s expired (no heartbeat): purged", rid, group)
                 for group in self.cfg.model_groups:
                     INDEX_ENTRIES.labels(group).set(await self.index.size(group))
+                    # Finish purges whose sweep another process left unfinished (it died, or Redis blipped).
+                    self.index.start_sweep(group)
                 self.redis_ok = True
             except (RedisError, OSError) as exc:
                 if self.redis_ok:
