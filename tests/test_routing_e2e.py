@@ -19,6 +19,7 @@ import pytest
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
 from tests.support.engines import EngineReplica
+from tests.support.procs import free_port
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 from tests.support.workload import format_table, make_workload, run_workload
 
@@ -26,12 +27,19 @@ pytestmark = [pytest.mark.engine, pytest.mark.proxy]
 
 KV = "tiny-kv"
 DEFAULT = "tiny-default"
+SHADOW = "tiny-shadow"
+TENANT = "tiny-tenant"
+KEYS = {
+    "sk-team-a": {"key_alias": "bot-a", "team_id": "team-a"},
+    "sk-team-b": {"key_alias": "bot-b", "team_id": "team-b"},
+}
 HEADERS = {"Authorization": f"Bearer {MASTER_KEY}"}
 
 
-def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, Any] | None = None) -> dict[str, Any]:
+def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, Any] | None = None,
+            groups: tuple[str, ...] = (KV, DEFAULT)) -> dict[str, Any]:
     model_list = []
-    for group in (KV, DEFAULT):
+    for group in groups:
         for i, r in enumerate(engines):
             model_list.append({
                 "model_name": group,
@@ -44,8 +52,12 @@ def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, An
                             "cooldown_time": 5},
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "request_timeout": 60},
         "litellm_kv": {"mode": "embedded", "model_groups": {
-            KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, "scrape_interval_s": 0.5,
-                                         "discovery_interval_s": 1.0, **(extra_kv or {})}},
+            g: {"routing": "kv", "kv": {
+                "tokenizer_path": model_dir, "scrape_interval_s": 0.5, "discovery_interval_s": 1.0,
+                **({"shadow": True} if g == SHADOW else {}),
+                **({"tenant_isolation": "team"} if g == TENANT else {}),
+                **(extra_kv or {})}}
+            for g in groups if g != DEFAULT
         }},
     }
 
@@ -85,7 +97,8 @@ def _reset(engines: list[EngineReplica]) -> None:
 
 @pytest.fixture(scope="module")
 def proxy(engines: list[EngineReplica], engine_model: Any) -> Iterator[Proxy]:
-    p = start_proxy(_config(engines, str(engine_model)), name="routing-e2e")
+    p = start_proxy(_config(engines, str(engine_model), groups=(KV, DEFAULT, SHADOW, TENANT)), name="routing-e2e",
+                    keys=KEYS, env={"LITELLM_KV_SALT_SECRET": "test-secret"})
     try:
         _wait_exact(p)
         yield p
@@ -202,3 +215,77 @@ def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica
         f":{victim.port}"))
     print(f"restarted replica state: {rep}")
     assert rep["ready"]
+
+
+def _chat(proxy: Proxy, model: str, messages: list[dict[str, Any]], key: str = MASTER_KEY,
+          **extra: Any) -> httpx.Response:
+    body = {"model": model, "max_tokens": 4, "temperature": 0, "messages": messages, **extra}
+    return httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:
+    before = _metric(proxy, "litellm_kv_routing_decisions_total")
+    shadow_before = _metric(proxy, "litellm_kv_shadow_tokens_total")
+    msgs = [{"role": "system", "content": "shadow trial " * 120}, {"role": "user", "content": "hello"}]
+    deployments = set()
+    for _ in range(6):
+        r = _chat(proxy, SHADOW, msgs)
+        assert r.status_code == 200, r.text
+        deployments.add(r.headers.get("x-litellm-model-id"))
+    after = _metric(proxy, "litellm_kv_routing_decisions_total")
+    key = f'litellm_kv_routing_decisions_total{{model_group="{SHADOW}",reason="shadow"}}'
+    assert after.get(key, 0) - before.get(key, 0) == 6
+    shadow = _metric(proxy, "litellm_kv_shadow_tokens_total")
+    grew = {k: shadow[k] - shadow_before.get(k, 0) for k in shadow if SHADOW in k}
+    print(f"\nshadow: LiteLLM used {sorted(deployments)}; {grew}")
+    assert grew[f'litellm_kv_shadow_tokens_total{{kind="prompt",model_group="{SHADOW}"}}'] > 0
+    assert grew[f'litellm_kv_shadow_tokens_total{{kind="would_have_cached",model_group="{SHADOW}"}}'] > 0
+
+
+def test_tenant_cache_isolation(proxy: Proxy) -> None:
+    """Teams never share prefix blocks (a keyed cache_salt per team), and routing stays exact with the salt."""
+    msgs = [{"role": "system", "content": "isolated tenant prompt " * 60}, {"role": "user", "content": "same"}]
+    checks_before = _metric(proxy, "litellm_kv_prediction_checks_total")
+    a1 = _chat(proxy, TENANT, msgs, key="sk-team-a")
+    a2 = _chat(proxy, TENANT, msgs, key="sk-team-a")
+    b1 = _chat(proxy, TENANT, msgs, key="sk-team-b")
+    b2 = _chat(proxy, TENANT, msgs, key="sk-team-b")
+    for r in (a1, a2, b1, b2):
+        assert r.status_code == 200, r.text
+
+    def cached(r: httpx.Response) -> int:
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+    print(f"\ncached tokens: team a {cached(a1)}, {cached(a2)}; team b {cached(b1)}, {cached(b2)}")
+    assert cached(a2) > 0 and cached(b2) > 0
+    assert cached(b1) == 0, "team b must not hit team a's blocks"
+    after = _metric(proxy, "litellm_kv_prediction_checks_total")
+    key = f'litellm_kv_prediction_checks_total{{model_group="{TENANT}",outcome="exact"}}'
+    assert after.get(key, 0) - checks_before.get(key, 0) == 4, after
+
+
+def test_new_empty_replica_receives_traffic(engines: list[EngineReplica], engine_model: Any) -> None:
+    """A replica that is down when the proxy starts is skipped (no failed attempts), then gets traffic
+    once it comes up empty (anti-starvation / least-loaded for new prefixes)."""
+    newcomer = EngineReplica(name="newcomer", port=free_port(), model_dir=engine_model)
+    p = start_proxy(_config([engines[0], newcomer], str(engine_model), groups=(KV,)), name="routing-newcomer")
+    try:
+        deadline = time.monotonic() + 60
+        while not _health(p)["routing"]["groups"][KV]["replicas"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        codes = [_chat(p, KV, [{"role": "user", "content": f"before the newcomer {i} " * 10}]) for i in range(4)]
+        assert [r.status_code for r in codes] == [200] * 4
+        assert {r.headers.get("x-litellm-model-id") for r in codes} == {f"{KV}-0"}
+        newcomer.start()
+        newcomer.wait_ready()
+        _wait_exact(p)
+        served = [_chat(p, KV, [{"role": "user", "content": f"fresh topic {i} " * 30}]) for i in range(10)]
+        where = [r.headers.get("x-litellm-model-id") for r in served]
+        print(f"\nafter the newcomer came up: {where}")
+        assert all(r.status_code == 200 for r in served)
+        assert where.count(f"{KV}-1") >= 2, where
+    finally:
+        p.stop()
+        newcomer.stop()

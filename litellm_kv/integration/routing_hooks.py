@@ -70,6 +70,13 @@ TOKENIZER_MISMATCH = counter(
     ["model_group"],
 )
 
+SHADOW_TOKENS = counter(
+    "shadow_tokens",
+    "Shadow mode: prompt tokens (kind=prompt), tokens the KV decision predicted cached on the replica it "
+    "would have chosen (would_have_cached), and engine-reported cached tokens on LiteLLM's own choice "
+    "(litellm_cached). would_have_cached / prompt vs litellm_cached / prompt is the trial's answer.",
+    ["model_group", "kind"],
+)
 LOAD_ERRORS = counter(
     "load_store_errors",
     "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
@@ -327,6 +334,12 @@ class KVRoutingHandler(Handler):
             api_base = (d.get("litellm_params") or {}).get("api_base")
             if api_base:
                 by_replica.setdefault(replica_id(api_base), d)
+        # A replica whose engine does not answer (not started yet, crashed) is left out while others are
+        # up; LiteLLM's cooldown would only learn it from a failed attempt.
+        down = {r for r, st in g.fleet.replicas.items() if not st.ready and st.error.startswith("metrics")}
+        if len(down & by_replica.keys()) < len(by_replica):
+            for r in down:
+                by_replica.pop(r, None)
         if not by_replica:
             return None
         req = dict(request_kwargs)
@@ -429,10 +442,18 @@ class KVRoutingHandler(Handler):
 
     # -- after the call -----------------------------------------------------------------------------
     def _verify(self, route: _Route, usage: Any) -> None:
-        if route.shadow or route.verified:
+        if route.verified:
             return
         route.verified = True
         group = route.group
+        if route.shadow:
+            # What routing would have achieved vs what LiteLLM's own choice got (the shadow trial).
+            actual_shadow = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
+            SHADOW_TOKENS.labels(group, "would_have_cached").inc(route.result.predicted_hit_tokens)
+            SHADOW_TOKENS.labels(group, "prompt").inc(route.result.prompt_tokens)
+            if actual_shadow is not None:
+                SHADOW_TOKENS.labels(group, "litellm_cached").inc(int(actual_shadow))
+            return
         predicted = route.result.predicted_hit_tokens
         actual = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
         if actual is None:
