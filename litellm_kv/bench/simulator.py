@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgpack
-import numpy as np
 
 from litellm_kv.bench.cache import Allocation, BlockCache
 from litellm_kv.bench.model import ThroughputModel
@@ -181,7 +180,7 @@ class Simulation:
         )
         if stored:
             # Deterministic stand-in tokens: each block's id repeated (the index keys on hashes).
-            tokens = (np.repeat(np.array(stored, dtype=np.uint64) & 0x7FFF, bs).tolist()
+            tokens = ([t for h in stored for t in (h & 0x7FFF,) * bs]
                       if self.cfg.event_tokens else [])
             events.append({
                 "type": "BlockStored", "block_hashes": stored, "parent_block_hash": parent,
