@@ -101,12 +101,9 @@ class LiteLLMKV(CustomLogger):
     # -- set-up -----------------------------------------------------------------------------
     @property
     def settings(self) -> Settings:
+        """The ``litellm_kv`` settings; an invalid section raises :class:`ConfigError` (see ``_install``)."""
         if self._settings is None:
-            try:
-                self._settings = load_settings(_settings_path())
-            except ConfigError:
-                log.exception("litellm-kv: invalid configuration; litellm-kv stays inactive")
-                self._settings = Settings()
+            self._settings = load_settings(_settings_path())
         return self._settings
 
     @property
@@ -321,6 +318,13 @@ def _install(handler: LiteLLMKV) -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
+    # Inside the proxy (its config is being loaded): an invalid litellm_kv section stops the proxy from
+    # starting, with the path of the bad option, rather than running without the limits it declares.
+    try:
+        handler.settings  # noqa: B018 - loads and validates
+    except ConfigError as exc:
+        log.error("litellm-kv: invalid configuration: %s", exc)
+        raise
     _background.add(loop.create_task(_start_when_router_exists(handler)))
 
 

@@ -30,10 +30,10 @@ from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import Fleet, replica_id
-from litellm_kv.routing.load import InMemoryLoadTracker, LoadTracker
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker
 from litellm_kv.routing.options import KVRoutingOptions
 from litellm_kv.routing.router import EngineGauges, KVRouter, RoutingRequest, RoutingResult
-from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
 from litellm_kv.tokenization import (
     CONTENT_FORMATS,
     VERIFY_SAMPLES,
@@ -103,19 +103,51 @@ class _Route:
 class _Group:
     """Runtime of one KV-routed model group."""
 
-    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, load: LoadTracker,
+    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
                  embedded: bool, backend: str) -> None:
         self.name = name
         self.options = options
         self.fleet = Fleet(name, options, index, embedded=embedded)
-        cost_cfg = parse_section(CostConfig, options.cost, f"litellm_kv.model_groups.{name}.kv.cost")
-        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(), backend=backend)
-        self.load = load
+        where = f"litellm_kv.model_groups.{name}.kv"
+        cost_cfg = parse_section(CostConfig, options.cost, f"{where}.cost")
+        sib = parse_section(SiblingConfig, options.siblings, f"{where}.siblings")
+        load_cfg = parse_section(LoadConfig, options.load, f"{where}.load")
+        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(sib.ttl_s, sib.max_entries),
+                               backend=backend)
+        self.load: LoadTracker
+        if embedded:
+            self.load = InMemoryLoadTracker(load_cfg)
+        else:
+            import redis.asyncio as aioredis
+
+            self.load = RedisLoadTracker(aioredis.Redis.from_url(str(redis_url)), load_cfg)
+        self._heartbeat: asyncio.Task[None] | None = None
         self.tokenizer: LocalChatTokenizer | None = None
         self.tokenizer_state = "engine"
         self.deployment_ids: frozenset[str] = frozenset()
         self.sync_lock = asyncio.Lock()
         self.requests = 0
+
+    def start(self) -> None:
+        self.fleet.start()
+        beat = getattr(self.load, "heartbeat", None)
+        if beat is not None and self._heartbeat is None:
+            ttl = float(getattr(getattr(self.load, "cfg", None), "ttl_s", 30.0))
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(beat, ttl / 3))
+
+    async def _beat(self, beat: Any, every: float) -> None:
+        """Shared mode: renew this proxy's in-flight counts in Redis (a dead proxy's counts fade)."""
+        while True:
+            try:
+                await beat([self.name])
+            except Exception:
+                LOAD_ERRORS.labels(self.name).inc()
+            await asyncio.sleep(every)
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        await self.fleet.stop()
 
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
         ids = frozenset(str((d.get("model_info") or {}).get("id")) for d in deployments)
@@ -251,7 +283,6 @@ class KVRoutingHandler(Handler):
                 self.options[name] = parse_section(KVRoutingOptions, g.kv, f"litellm_kv.model_groups.{name}.kv")
         self.groups: dict[str, _Group] = {}
         self.index: KVIndex | None = None
-        self.load: LoadTracker | None = None
         self.routes: OrderedDict[str, _Route] = OrderedDict()
         self.backend = "memory" if settings.mode == "embedded" else "redis"
         self._salt_secret: bytes | None = None
@@ -262,35 +293,30 @@ class KVRoutingHandler(Handler):
     async def startup(self) -> None:
         if not self.options:
             return
-        if self.settings.mode == "embedded":
+        embedded = self.settings.mode == "embedded"
+        if embedded:
             from litellm_kv.index.memory import InMemoryIndex
 
             self.index = InMemoryIndex()
-            self.load = InMemoryLoadTracker()
         else:
             if not self.settings.redis_url:
                 raise RuntimeError("litellm_kv.mode: shared needs redis_url (or LITELLM_KV_REDIS_URL)")
-            import redis.asyncio as aioredis
-
             from litellm_kv.index.redis import RedisIndex
-            from litellm_kv.routing.load import RedisLoadTracker
 
             self.index = RedisIndex(self.settings.redis_url)
-            self.load = RedisLoadTracker(aioredis.Redis.from_url(self.settings.redis_url))
         for name, opts in self.options.items():
-            self.groups[name] = _Group(name, opts, self.index, self.load, self.settings.mode == "embedded",
-                                       self.backend)
+            self.groups[name] = _Group(name, opts, self.index, self.settings.redis_url, embedded, self.backend)
         deployments = _router_deployments()
         for name, g in self.groups.items():
             deps = [d for d in deployments if d.get("model_name") == name]
             if deps:
                 await g.sync(deps)
-            g.fleet.start()
+            g.start()
         _register_admin_routes(self)
 
     async def shutdown(self) -> None:
         for g in self.groups.values():
-            await g.fleet.stop()
+            await g.stop()
 
     # -- pre_call: tenant isolation -------------------------------------------------------------
     def _secret(self) -> bytes:

@@ -91,6 +91,15 @@ class KVRoutingOptions:
         default_factory=dict,
     )
 
+    load: dict[str, Any] = doc(
+        "Router-tracked load options (see the 'kv.load' section: recent-work half-life, shared-mode TTL).",
+        default_factory=dict,
+    )
+    siblings: dict[str, Any] = doc(
+        "Sibling-prediction options (see the 'kv.siblings' section: TTL and bound of the side index).",
+        default_factory=dict,
+    )
+
     def validate(self) -> None:
         if self.block_size is not None and self.block_size <= 0:
             raise ValueError("block_size must be positive")
