@@ -52,10 +52,24 @@ def run_config_reference(args: argparse.Namespace) -> int:
     return docsgen.main(argv)
 
 
+def _bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="Trace-replay simulator: litellm-kv vs the field's routing strategies "
+                                     "(replay, sweep-load, sweep-fleet, knee; see docs/benchmarks.md).",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:  # reached only through main()'s early dispatch
+    from litellm_kv.bench import cli_main
+
+    return int(cli_main(list(args.rest)) or 0)
+
+
 # Each entry adds one subparser and sets ``func``; other subcommands (demo, bench) register here
 # the same way.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
-    _indexer, _config_reference,
+    _indexer, _config_reference, _bench,
 ]
 
 
@@ -68,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # The simulator has its own sub-commands and options; hand everything after 'bench' to it.
+        from litellm_kv.bench import cli_main
+
+        return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -8,9 +8,13 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  log "installing redis-server (apt)"
-  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
+# redis-server: tests and shared mode; docker-compose: validating docker-compose.yml (no engine needed).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]} (apt)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
 fi
 
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
