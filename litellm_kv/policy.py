@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from litellm_kv.budgets import Period
 from litellm_kv.errors import ConfigError, MetadataError
 
 T = TypeVar("T")
@@ -214,3 +215,36 @@ def strictest_choice(order: Sequence[str], *limits: Limit[str] | None) -> Limit[
 def first_set(*limits: Limit[T] | None) -> Limit[T] | None:
     """The first limit that is set: for preferences (not limits) where the most specific layer wins."""
     return next((lim for lim in limits if lim is not None), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodLimit:
+    """One period budget that applies to a request: who is charged, over which window, how much."""
+
+    scope: str  # "key:<hash>" or "team:<id>"
+    scope_label: str  # "key 'bot-a'" (for messages)
+    period: Period
+    limit: Limit[int]
+
+
+def period_limits(
+    key: PolicyLayer,
+    team: PolicyLayer | None,
+    config: PolicyLayer,
+    fields: Mapping[Period, str],
+    *,
+    key_scope: str,
+    team_scope: str | None,
+) -> list[PeriodLimit]:
+    """The period budgets of one request: the key layer's and the config layer's bound the key (the
+    stricter of the two per period), the team layer's bound the team."""
+    periods: list[PeriodLimit] = []
+    for period, name in fields.items():
+        per_key = strictest_min(key.int_field(name), config.int_field(name))
+        if per_key is not None:
+            periods.append(PeriodLimit(key_scope, key.source, period, per_key))
+        if team is not None and team_scope is not None:
+            per_team = team.int_field(name)
+            if per_team is not None:
+                periods.append(PeriodLimit(team_scope, team.source, period, per_team))
+    return periods

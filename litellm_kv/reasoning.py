@@ -31,8 +31,10 @@ from litellm_kv.budgets import Period
 from litellm_kv.config import doc
 from litellm_kv.policy import (
     Limit,
+    PeriodLimit,
     PolicyLayer,
     first_set,
+    period_limits,
     strictest_bool,
     strictest_choice,
     strictest_min,
@@ -142,16 +144,6 @@ GROUP_FIELDS = tuple(GroupReasoningSettings.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
-class PeriodLimit:
-    """One period budget that applies to a request: who is charged, over which window, how much."""
-
-    scope: str  # "key:<hash>" or "team:<id>"
-    scope_label: str  # "key 'bot-a'" (for messages)
-    period: Period
-    limit: Limit[int]
-
-
-@dataclass(frozen=True, slots=True)
 class ReasoningPolicy:
     """The resolved policy for one request (each value remembers where it was set)."""
 
@@ -186,15 +178,7 @@ def resolve_policy(
     layers = [lay for lay in (key, team, config) if lay is not None]
     for lay in layers:
         lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
-    periods: list[PeriodLimit] = []
-    for period, name in PERIOD_FIELDS.items():
-        per_key = strictest_min(key.int_field(name), config.int_field(name))
-        if per_key is not None:
-            periods.append(PeriodLimit(key_scope, key.source, period, per_key))
-        if team is not None and team_scope is not None:
-            per_team = team.int_field(name)
-            if per_team is not None:
-                periods.append(PeriodLimit(team_scope, team.source, period, per_team))
+    periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
     return ReasoningPolicy(
         allowed=strictest_bool(*(lay.bool_field("allowed") for lay in layers)),
         default_budget=first_set(*(lay.int_field("default_budget") for lay in layers)),

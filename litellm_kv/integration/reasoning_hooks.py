@@ -29,10 +29,11 @@ from litellm_kv.billing import (
     set_reasoning_tokens,
     usage_of,
 )
-from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.config import Settings
 from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.reasoning import (
@@ -161,43 +162,20 @@ def _part(choice: Any, name: str) -> Any:
     return choice.get(name) if isinstance(choice, Mapping) else getattr(choice, name, None)
 
 
-class ReasoningHandler(Handler):
+class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
     """Per-key reasoning budgets (see :mod:`litellm_kv.reasoning` for the policy schema)."""
 
     name = "reasoning"
+    section = "reasoning"
+    group_settings_cls = GroupReasoningSettings
+    policy_fields = POLICY_FIELDS
 
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
-        super().__init__(settings)
-        self._budgets = budgets
-        self._groups: dict[str, GroupReasoningSettings] = {}
+        super().__init__(settings, budgets)
         self._tokenizers: dict[str, _Tokenizer | None] = {}
         self._streams: dict[str, _StreamTally] = {}
 
     # -- set-up ----------------------------------------------------------------------------------
-    @property
-    def budgets(self) -> PeriodBudgets:
-        if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_url)
-        return self._budgets
-
-    async def shutdown(self) -> None:
-        if self._budgets is not None:
-            await self._budgets.close()
-
-    def enabled_for(self, group: ModelGroupSettings | None) -> bool:
-        """A model group is a reasoning group when its config has a non-empty ``reasoning`` section."""
-        return group is not None and bool(group.reasoning)
-
-    def group_settings(self, name: str) -> GroupReasoningSettings:
-        gs = self._groups.get(name)
-        if gs is None:
-            group = self.settings.group(name)
-            raw = dict(group.reasoning) if group is not None else {}
-            own = {k: v for k, v in raw.items() if k not in POLICY_FIELDS}
-            gs = parse_section(GroupReasoningSettings, own, f"litellm_kv.model_groups.{name}.reasoning")
-            self._groups[name] = gs
-        return gs
-
     def tokenizer(self, group: str) -> _Tokenizer | None:
         if group not in self._tokenizers:
             path = self.group_settings(group).tokenizer if self.settings.group(group) else None

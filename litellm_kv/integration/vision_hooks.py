@@ -28,8 +28,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from litellm_kv.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
-from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
-from litellm_kv.config import ModelGroupSettings, Settings, doc, parse_section
+from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.config import Settings, doc
 from litellm_kv.errors import MetadataError, PolicyViolation
 from litellm_kv.images import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -41,13 +41,16 @@ from litellm_kv.images import (
     image_info,
     measure,
 )
-from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 from litellm_kv.policy import (
     Limit,
+    PeriodLimit,
     PolicyLayer,
     config_layer,
     metadata_layer,
+    period_limits,
     strictest_choice,
     strictest_min,
 )
@@ -162,14 +165,6 @@ GROUP_FIELDS = tuple(GroupVisionSettings.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
-class PeriodLimit:
-    scope: str
-    scope_label: str
-    period: Period
-    limit: Limit[int]
-
-
-@dataclass(frozen=True, slots=True)
 class VisionPolicy:
     max_images: Limit[int] | None = None
     max_tokens: Limit[int] | None = None
@@ -189,15 +184,7 @@ def resolve_policy(
     layers = [lay for lay in (key, team, config) if lay is not None]
     for lay in layers:
         lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
-    periods: list[PeriodLimit] = []
-    for period, name in PERIOD_FIELDS.items():
-        per_key = strictest_min(key.int_field(name), config.int_field(name))
-        if per_key is not None:
-            periods.append(PeriodLimit(key_scope, key.source, period, per_key))
-        if team is not None and team_scope is not None:
-            per_team = team.int_field(name)
-            if per_team is not None:
-                periods.append(PeriodLimit(team_scope, team.source, period, per_team))
+    periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
     return VisionPolicy(
         max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
         max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
@@ -231,41 +218,18 @@ class _Bounds:
     max_pixels: int | None
 
 
-class VisionHandler(Handler):
+class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     """Per-key visual-token limits and charging (schema: ``docs/vision.md``)."""
 
     name = "vision"
+    section = "vision"
+    group_settings_cls = GroupVisionSettings
+    policy_fields = POLICY_FIELDS
 
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
-        super().__init__(settings)
-        self._budgets = budgets
-        self._groups: dict[str, GroupVisionSettings] = {}
+        super().__init__(settings, budgets)
         self._streams_done: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def budgets(self) -> PeriodBudgets:
-        if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_url)
-        return self._budgets
-
-    async def shutdown(self) -> None:
-        if self._budgets is not None:
-            await self._budgets.close()
-
-    def enabled_for(self, group: ModelGroupSettings | None) -> bool:
-        """A model group is a vision group when its config has a non-empty ``vision`` section."""
-        return group is not None and bool(group.vision)
-
-    def group_settings(self, name: str) -> GroupVisionSettings:
-        gs = self._groups.get(name)
-        if gs is None:
-            group = self.settings.group(name)
-            raw = dict(group.vision) if group is not None else {}
-            own = {k: v for k, v in raw.items() if k not in POLICY_FIELDS}
-            gs = parse_section(GroupVisionSettings, own, f"litellm_kv.model_groups.{name}.vision")
-            self._groups[name] = gs
-        return gs
 
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
