@@ -7,7 +7,8 @@ from typing import Any, Generic, TypeVar
 
 from litellm_kv.budgets import PeriodBudgets, make_period_budgets
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
-from litellm_kv.integration.hooks import Handler
+from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.policy import PolicyLayer, config_layer, metadata_layer
 
 G = TypeVar("G")
 
@@ -46,3 +47,27 @@ class GovernanceHandler(Handler, Generic[G]):
             gs = parse_section(self.group_settings_cls, own, f"litellm_kv.model_groups.{name}.{self.section}")
             self._groups[name] = gs
         return gs
+
+    def policy_layers(self, req: ProxyRequest) -> tuple[PolicyLayer, PolicyLayer | None, PolicyLayer, str, str | None]:
+        """Key, team and group-config layers of this feature's limits, and the key and team budget scopes.
+
+        Raises :class:`~litellm_kv.errors.MetadataError` (naming the key or team and the field) when the
+        caller's metadata is malformed.
+        """
+        caller = req.caller
+        mk = self.settings.metadata_key
+        team_scope = f"team:{caller.team_id}" if caller.team_id else None
+        key = metadata_layer(caller.key_metadata, self.section, where=caller.key_label, metadata_key=mk)
+        team = None
+        if caller.team_id:
+            team = metadata_layer(caller.team_metadata, self.section, where=caller.team_label, metadata_key=mk)
+        return key, team, self.config_layer(req), self.key_scope(req), team_scope
+
+    def config_layer(self, req: ProxyRequest) -> PolicyLayer:
+        section = getattr(req.group, self.section) if req.group else {}
+        return config_layer(section, group=req.model_group, feature=self.section)
+
+    @staticmethod
+    def key_scope(req: ProxyRequest) -> str:
+        caller = req.caller
+        return f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"

@@ -35,7 +35,7 @@ from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
 from litellm_kv.integration.governance import GovernanceHandler
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
-from litellm_kv.policy import PolicyLayer, config_layer, metadata_layer
+from litellm_kv.policy import PolicyLayer
 from litellm_kv.reasoning import (
     POLICY_FIELDS,
     ClientAsk,
@@ -190,25 +190,17 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
 
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupReasoningSettings) -> ReasoningPolicy:
-        caller = req.caller
-        mk = self.settings.metadata_key
-        config = config_layer(req.group.reasoning if req.group else {}, group=req.model_group, feature="reasoning")
-        key_scope = f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
-        team_scope = f"team:{caller.team_id}" if caller.team_id else None
         try:
-            key = metadata_layer(caller.key_metadata, "reasoning", where=caller.key_label, metadata_key=mk)
-            team: PolicyLayer | None = None
-            if caller.team_id:
-                team = metadata_layer(caller.team_metadata, "reasoning", where=caller.team_label, metadata_key=mk)
+            key, team, config, key_scope, team_scope = self.policy_layers(req)
             return resolve_policy(key, team, config, key_scope=key_scope, team_scope=team_scope)
         except MetadataError:
             if gs.invalid_metadata == "reject":
                 INVALID_METADATA.labels("reject").inc()
                 raise
             INVALID_METADATA.labels("ignore").inc()
-            log.warning("litellm-kv: ignoring malformed reasoning metadata of %s", caller.key_label, exc_info=True)
-            empty = PolicyLayer(caller.key_label, "metadata", {}, True)
-            return resolve_policy(empty, None, config, key_scope=key_scope, team_scope=None)
+            log.warning("litellm-kv: ignoring malformed reasoning metadata of %s", req.caller.key_label, exc_info=True)
+            empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
+            return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)
 
     async def pre_call(self, req: ProxyRequest) -> None:
         data = req.data

@@ -48,8 +48,6 @@ from litellm_kv.policy import (
     Limit,
     PeriodLimit,
     PolicyLayer,
-    config_layer,
-    metadata_layer,
     period_limits,
     strictest_choice,
     strictest_min,
@@ -233,23 +231,15 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
 
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
-        caller = req.caller
-        mk = self.settings.metadata_key
-        config = config_layer(req.group.vision if req.group else {}, group=req.model_group, feature="vision")
-        key_scope = f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
-        team_scope = f"team:{caller.team_id}" if caller.team_id else None
         try:
-            key = metadata_layer(caller.key_metadata, "vision", where=caller.key_label, metadata_key=mk)
-            team: PolicyLayer | None = None
-            if caller.team_id:
-                team = metadata_layer(caller.team_metadata, "vision", where=caller.team_label, metadata_key=mk)
+            key, team, config, key_scope, team_scope = self.policy_layers(req)
             return resolve_policy(key, team, config, key_scope=key_scope, team_scope=team_scope)
         except MetadataError:
             if gs.invalid_metadata == "reject":
                 raise
-            log.warning("litellm-kv: ignoring malformed vision metadata of %s", caller.key_label, exc_info=True)
-            empty = PolicyLayer(caller.key_label, "metadata", {}, True)
-            return resolve_policy(empty, None, config, key_scope=key_scope, team_scope=None)
+            log.warning("litellm-kv: ignoring malformed vision metadata of %s", req.caller.key_label, exc_info=True)
+            empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
+            return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)
 
     def _bounds(self, data: Mapping[str, Any], gs: GroupVisionSettings) -> _Bounds:
         """The pixel bounds the engine will use: the group's, or the client's own mm_processor_kwargs."""
