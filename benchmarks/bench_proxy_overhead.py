@@ -234,7 +234,7 @@ def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
 
 
 def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis_url: str | None,
-                 tokenizer: str = "auto") -> dict[str, Any]:
+                 tokenizer: str = "auto", report_mode_full: bool = True) -> dict[str, Any]:
     model_list = []
     for group in (KV, DEFAULT):
         for i, r in enumerate(engines):
@@ -244,7 +244,8 @@ def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis_
                 "model_info": {"id": f"{group}-{i}"},
             })
     section: dict[str, Any] = {"mode": mode, "model_groups": {
-        KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, "tokenizer": tokenizer, "scrape_interval_s": 1.0}},
+        KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, "tokenizer": tokenizer, "scrape_interval_s": 1.0,
+                                     "report_mode_full": report_mode_full}},
     }}
     if redis_url:
         section["redis_url"] = redis_url
@@ -369,7 +370,8 @@ def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argp
             stack.callback(srv.stop)
             redis_url = srv.url
             stack.enter_context(indexer(redis_url, engines))
-        proxy = start_proxy(proxy_config(engines, model_dir, mode, redis_url, args.tokenizer),
+        proxy = start_proxy(proxy_config(engines, model_dir, mode, redis_url, args.tokenizer,
+                                         not args.no_report_mode_full),
                             name=f"bench-proxy-{mode}")
         stack.callback(proxy.stop)
         state = wait_exact(proxy, args.tokenizer)
@@ -443,6 +445,8 @@ def main() -> int:
     ap.add_argument("--kv-cache-bytes", default="96M", help="per replica (32 KiB per 32-token block)")
     ap.add_argument("--tokenizer", choices=["auto", "engine"], default="auto",
                     help="the KV group's tokenizer option (auto: the local tokenizer, verified at start-up)")
+    ap.add_argument("--no-report-mode-full", action="store_true",
+                    help="do not inject vllm_xargs.kv_cache_report_mode=full (isolates re-announcement cost)")
     ap.add_argument("--json", default=None, help="also write the raw latencies here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
