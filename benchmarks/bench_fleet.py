@@ -32,7 +32,9 @@ import datetime as dt
 import json
 import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -57,7 +59,8 @@ from litellm_kv.bench.workload import (
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher, max_hit_blocks
 from litellm_kv.tokenization import LocalChatTokenizer
-from tests.support.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
+from tests.support.engines import ENGINE_PY, EngineReplica, ensure_model, start_replicas, stop_replicas
+from tests.support.procs import ARTIFACTS
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 
 KV = "tiny-kv"
@@ -260,7 +263,7 @@ class RunResult:
             "routing": self.routing, "requests": len(self.outcomes), "failures": self.failures,
             "prompt_tokens": sum(o.prompt_tokens for o in self.ok),
             "cached_tokens": sum(o.cached_tokens for o in self.ok),
-            "cached_ratio": round(self.cached_ratio, 4),
+            "cached_ratio": round(self.cached_ratio, 6),
             "latency_mean_ms": round(self.latency_ms(), 1), "latency_p95_ms": round(self.latency_ms(0.95), 1),
             "per_replica": self.per_replica(names), "wall_s": round(self.wall_s, 1),
             **({"kv_metrics": self.kv_metrics} if self.kv_metrics else {}),
@@ -313,8 +316,38 @@ async def run_once(proxy: Proxy, group: str, reqs: list[FleetRequest], concurren
 # -- fleet ---------------------------------------------------------------------------------------------
 
 
-def proxy_config(replicas: Sequence[EngineReplica], model_dir: str) -> dict[str, Any]:
-    """Two groups over the same replicas; the KV group uses litellm-kv's defaults (tokenizer given)."""
+def engine_tokenizer_dir(model_dir: Path) -> Path:
+    """The tiny model's tokenizer files with ``tokenizer.json`` replaced by the tokenizer the engine
+    really uses, for the proxy's local tokenizer (``kv.tokenizer_path``).
+
+    transformers 5 loads the tiny ``qwen2`` model's tokenizer as ``Qwen2Tokenizer``, whose own
+    pre-tokenizer replaces the file's; the stock file then fails the proxy's start-up check against
+    ``/tokenize`` and the group falls back to one engine ``/tokenize`` call per request, a cost of
+    the test model (real Qwen2 checkpoints ship the matching file) that would weigh on every
+    litellm-kv latency figure here. ``--tokenizer engine`` keeps that path instead."""
+    dst = ARTIFACTS / "tiny-model-engine-tokenizer"
+    version = (model_dir / "litellm_kv_model_version.txt").read_text()
+    marker = dst / "litellm_kv_model_version.txt"
+    if marker.exists() and marker.read_text() == version:
+        return dst
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, dst / name)
+    code = ("import sys; from transformers import AutoTokenizer; "
+            "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())")
+    out = subprocess.run([str(ENGINE_PY), "-c", code, str(model_dir)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=180)
+    (dst / "tokenizer.json").write_text(out.stdout)
+    marker.write_text(version)  # last: a half-built directory is rebuilt
+    return dst
+
+
+def proxy_config(replicas: Sequence[EngineReplica], tokenizer: str) -> dict[str, Any]:
+    """Two groups over the same replicas; the KV group uses litellm-kv's defaults. ``tokenizer``: a
+    directory (local tokenizer, verified against the engine at start-up) or ``engine``."""
+    kv = {"tokenizer": "engine"} if tokenizer == "engine" else {"tokenizer_path": tokenizer}
     model_list = [
         {"model_name": group,
          "litellm_params": {"model": "hosted_vllm/tiny", "api_base": r.api_base, "api_key": "none"},
@@ -326,7 +359,7 @@ def proxy_config(replicas: Sequence[EngineReplica], model_dir: str) -> dict[str,
         "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 1},
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "request_timeout": 180},
         "litellm_kv": {"mode": "embedded",
-                       "model_groups": {KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir}}}},
+                       "model_groups": {KV: {"routing": "kv", "kv": kv}}},
     }
 
 
@@ -440,8 +473,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if not chosen:
         raise SystemExit(f"no workload among {args.workloads!r}")
     load_before = os.getloadavg()
-    model_dir = str(ensure_model())
-    tok = LocalChatTokenizer(model_dir)
+    tok_dir = engine_tokenizer_dir(ensure_model())
+    tok = LocalChatTokenizer(tok_dir)
     text = BlockText(tok)
     workloads = [(s, reqs, sizing(reqs, tok)) for s in chosen for reqs in [to_requests(s, s.make(), text)]]
     if args.dry_run:
@@ -455,21 +488,26 @@ async def main_async(args: argparse.Namespace) -> int:
             info = await ec.metrics()
         blocks, bs = int(info.num_gpu_blocks or 0), int(info.block_size or 0)
         print_sizing(workloads, text, blocks, bs, args)
-        proxy = start_proxy(proxy_config(replicas, model_dir), name="bench-fleet-proxy")
+        proxy = start_proxy(proxy_config(replicas, "engine" if args.tokenizer == "engine" else str(tok_dir)),
+                            name="bench-fleet-proxy")
         await wait_exact(proxy)
+        path_used = (await kv_health(proxy)).get("tokenizer", "?")
+        print(f"[fleet] litellm-kv tokenizer path: {path_used}", flush=True)
         names = {f"{g}-{i}": f"r{i}" for g in (KV, SHUFFLE) for i in range(len(replicas))}
         out: dict[str, Any] = {
             "date": dt.datetime.now().isoformat(timespec="seconds"),
             "command": "benchmarks/bench_fleet.py " + " ".join(sys.argv[1:]),
             "replicas": args.replicas, "kv_cache_bytes": args.kv_cache, "blocks_per_replica": blocks,
             "block_size": bs, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+            "kv_tokenizer": path_used, "order": "litellm-kv first" if args.kv_first else "shuffle first",
             "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
             "block_text_words": text.words, "workloads": {},
         }
         failures = 0
         for s, reqs, size in workloads:
             runs = []
-            for label, group in (("shuffle", SHUFFLE), ("litellm-kv", KV)):
+            order = [("shuffle", SHUFFLE), ("litellm-kv", KV)]
+            for label, group in (order[::-1] if args.kv_first else order):
                 await reset_caches(replicas)
                 before = await kv_counters(proxy) if group == KV else {}
                 print(f"[fleet] {s.name}: {len(reqs)} requests via {label}", flush=True)
@@ -481,6 +519,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     run.kv_metrics = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
                 runs.append(run)
                 failures += run.failures
+            runs.sort(key=lambda r: r.routing != "shuffle")  # tables: shuffle first whatever the order
             print_table(s.name, size, runs, names)
             base, kv = runs
             out["workloads"][s.name] = {
@@ -495,7 +534,8 @@ async def main_async(args: argparse.Namespace) -> int:
         print("\n" + markdown(out))
         print(f"\n[fleet] total wall time {out['total_wall_s']} s; load average before {out['loadavg_before']}, "
               f"after {out['loadavg_after']} ({out['cpus']} CPUs)")
-        path = Path(args.json or f"docs/bench/fleet-{dt.date.today().isoformat()}.json")
+        suffix = "" if args.replicas == 2 else f"-r{args.replicas}"
+        path = Path(args.json or f"docs/bench/fleet-{dt.date.today().isoformat()}{suffix}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"[fleet] wrote {path}")
@@ -513,8 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--workloads", default=",".join(s.name for s in shapes()))
+    ap.add_argument("--tokenizer", choices=("local", "engine"), default="local",
+                    help="litellm-kv's tokenizer: local (engine-matching tokenizer.json) or the engine's /tokenize")
+    ap.add_argument("--kv-first", action="store_true",
+                    help="run each workload through litellm-kv before shuffle (checks order effects on latency)")
     ap.add_argument("--dry-run", action="store_true", help="print the workloads' sizing only (no engines)")
-    ap.add_argument("--json", default="", help="output path (default docs/bench/fleet-<date>.json)")
+    ap.add_argument("--json", default="", help="output path (default docs/bench/fleet-<date>[-r3].json)")
     return asyncio.run(main_async(ap.parse_args(argv)))
 
 
