@@ -89,6 +89,12 @@ def _metric(proxy: Proxy, prefix: str) -> dict[str, float]:
     return out
 
 
+def _subscriber(proxy: Proxy, replica: EngineReplica) -> dict[str, Any]:
+    reps = _health(proxy)["routing"]["groups"][KV]["replicas"]
+    rep = next(r for r in reps if r["replica"].endswith(f":{replica.port}"))
+    return dict(rep["subscriber"]["ranks"][0])
+
+
 def _reset(engines: list[EngineReplica]) -> None:
     for r in engines:
         httpx.post(f"{r.url}/reset_prefix_cache", timeout=30).raise_for_status()
@@ -191,6 +197,12 @@ def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
 
 def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica]) -> None:
     victim = engines[1]
+    # Give the victim cached blocks the index knows about, so its restart has something to purge.
+    for i in range(3):
+        httpx.post(f"{victim.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": f"victim {i} " * 80}]})
+    time.sleep(1.0)
+    purges_before = _subscriber(proxy, victim)["purges"]
     victim.kill()
     try:
         async def run() -> list[int]:
@@ -215,6 +227,7 @@ def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica
         f":{victim.port}"))
     print(f"restarted replica state: {rep}")
     assert rep["ready"]
+    assert _subscriber(proxy, victim)["purges"] > purges_before, "the restarted engine's old entries must go"
 
 
 def _chat(proxy: Proxy, model: str, messages: list[dict[str, Any]], key: str = MASTER_KEY,

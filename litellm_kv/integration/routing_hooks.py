@@ -122,6 +122,7 @@ class _Group:
 
             self.load = RedisLoadTracker(aioredis.Redis.from_url(str(redis_url)), load_cfg)
         self._heartbeat: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.tokenizer: LocalChatTokenizer | None = None
         self.tokenizer_state = "engine"
         self.deployment_ids: frozenset[str] = frozenset()
@@ -130,10 +131,23 @@ class _Group:
 
     def start(self) -> None:
         self.fleet.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._membership()))
         beat = getattr(self.load, "heartbeat", None)
         if beat is not None and self._heartbeat is None:
             ttl = float(getattr(getattr(self.load, "cfg", None), "ttl_s", 30.0))
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(beat, ttl / 3))
+            self._heartbeat = loop.create_task(self._beat(beat, ttl / 3))
+
+    async def _membership(self) -> None:
+        """Follow the router's model list (deployments added or removed by a config reload)."""
+        while True:
+            await asyncio.sleep(self.options.discovery_interval_s)
+            deps = _group_deployments(self.name)
+            if deps:
+                try:
+                    await self.sync(deps)
+                except Exception:
+                    log.exception("litellm-kv: %s: membership sync failed", self.name)
 
     async def _beat(self, beat: Any, every: float) -> None:
         """Shared mode: renew this proxy's in-flight counts in Redis (a dead proxy's counts fade)."""
@@ -145,8 +159,9 @@ class _Group:
             await asyncio.sleep(every)
 
     async def stop(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in [*self._tasks, self._heartbeat]:
+            if task is not None:
+                task.cancel()
         await self.fleet.stop()
 
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -306,9 +321,8 @@ class KVRoutingHandler(Handler):
             self.index = RedisIndex(self.settings.redis_url)
         for name, opts in self.options.items():
             self.groups[name] = _Group(name, opts, self.index, self.settings.redis_url, embedded, self.backend)
-        deployments = _router_deployments()
         for name, g in self.groups.items():
-            deps = [d for d in deployments if d.get("model_name") == name]
+            deps = _group_deployments(name)
             if deps:
                 await g.sync(deps)
             g.start()
@@ -354,7 +368,10 @@ class KVRoutingHandler(Handler):
         if g is None or not deployments:
             return None
         t0 = time.perf_counter()
-        await g.sync(deployments)
+        # Membership comes from the router's full model list: a deployment missing from the healthy list
+        # is only cooling down, and purging its replica would throw away a cache that is still there.
+        if not {str((d.get("model_info") or {}).get("id")) for d in deployments} <= g.deployment_ids:
+            await g.sync(_group_deployments(model_group) or deployments)
         by_replica: dict[str, dict[str, Any]] = {}
         for d in deployments:
             api_base = (d.get("litellm_params") or {}).get("api_base")
@@ -594,6 +611,10 @@ async def _safe_load(g: _Group, op: Any) -> None:
         await op
     except Exception:
         LOAD_ERRORS.labels(g.name).inc()
+
+
+def _group_deployments(group: str) -> list[dict[str, Any]]:
+    return [d for d in _router_deployments() if d.get("model_name") == group]
 
 
 def _router_deployments() -> list[dict[str, Any]]:

@@ -205,7 +205,10 @@ class Fleet:
                         await self._scrape(st)
                         st.error = ""
                     except Exception as exc:
+                        # Engine down: leave it out of the choice until it answers again (retried below).
                         st.error = f"metrics unreachable: {exc}"
+                        st.ready = False
+                        REPLICA_READY.labels(self.group, st.replica).set(0)
                 elif now - last_retry >= self.options.discovery_interval_s:
                     await self._bring_up(st)
             if now - last_retry >= self.options.discovery_interval_s:
