@@ -67,5 +67,5 @@ def test_invalid_config_stops_the_proxy() -> None:
     }
     # The typo sits in a raw section parsed by the KV handler; the top level is checked at load.
     cfg_top = {**cfg, "litellm_kv": {"mode": "embeded"}}
-    with pytest.raises(RuntimeError, match="litellm_kv.mode"):
+    with pytest.raises(RuntimeError, match=r"litellm_kv\.mode"):
         start_proxy(cfg_top, name="bad-config", timeout=90)

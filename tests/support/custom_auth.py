@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from fastapi import HTTPException
@@ -20,7 +21,7 @@ def _load() -> dict[str, dict[str, Any]]:
     global _keys
     if _keys is None:
         path = os.environ.get("LITELLM_KV_TEST_KEYS")
-        _keys = json.loads(open(path).read()) if path else {}
+        _keys = json.loads(Path(path).read_text()) if path else {}
     return _keys
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,10 +86,8 @@ class ManagedProcess:
 
     def signal(self, sig: int) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.alive():
@@ -102,10 +101,8 @@ class ManagedProcess:
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 PYTHON = sys.executable
