@@ -32,7 +32,14 @@ from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import Fleet, replica_id
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker
 from litellm_kv.routing.options import KVRoutingOptions
-from litellm_kv.routing.router import EngineGauges, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.router import (
+    DECISION_SECONDS,
+    DECISIONS,
+    EngineGauges,
+    KVRouter,
+    RoutingRequest,
+    RoutingResult,
+)
 from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
 from litellm_kv.tokenization import (
     CONTENT_FORMATS,
@@ -388,6 +395,10 @@ class KVRoutingHandler(Handler):
         req = dict(request_kwargs)
         if messages is not None:
             req["messages"] = messages
+        candidates = list(by_replica)
+        # The load read does not depend on the tokens: in shared mode its Redis round trip overlaps
+        # with tokenization instead of adding to it.
+        loads_task = asyncio.ensure_future(_safe_snapshot(g, candidates))
         path = "none"
         try:
             if req.get("messages") is None:
@@ -408,8 +419,7 @@ class KVRoutingHandler(Handler):
             has_unhashable_media=_has_media(req.get("messages") or []),
             skip_prefix_cache=req.get("prompt_logprobs") is not None,
         )
-        candidates = list(by_replica)
-        loads = await _safe_snapshot(g, candidates)
+        loads = await loads_task
         gauges = {
             r: EngineGauges(st.waiting, st.running, st.kv_usage)
             for r, st in g.fleet.replicas.items() if r in by_replica
@@ -417,9 +427,6 @@ class KVRoutingHandler(Handler):
         result = await g.router.decide(rreq, g.fleet.hasher(), candidates, loads, gauges, not_exact_why=why)
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
-        from litellm_kv.routing.router import DECISION_SECONDS
-
-        DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
         cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
         route = _Route(model_group, result.replica, dep_id, result, g.options.shadow, time.time())
         self._remember(cid, route)
@@ -432,15 +439,16 @@ class KVRoutingHandler(Handler):
                 "fallback": result.fallback_why or None,
             }
         if g.options.shadow:
-            from litellm_kv.routing.router import DECISIONS
-
             DECISIONS.labels(model_group, "shadow").inc()
+            DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
             return None
         try:
             await g.load.begin(model_group, result.replica, cid,
                                max(0, result.prompt_tokens - result.predicted_hit_tokens))
         except Exception:
             LOAD_ERRORS.labels(model_group).inc()
+        # Measured to here: in shared mode the load write is on the request path too.
+        DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
         return [chosen]
 
     def _remember(self, cid: str, route: _Route) -> None:
