@@ -396,9 +396,6 @@ class KVRoutingHandler(Handler):
         if messages is not None:
             req["messages"] = messages
         candidates = list(by_replica)
-        # The load read does not depend on the tokens: in shared mode its Redis round trip overlaps
-        # with tokenization instead of adding to it.
-        loads_task = asyncio.ensure_future(_safe_snapshot(g, candidates))
         path = "none"
         try:
             if req.get("messages") is None:
@@ -419,7 +416,9 @@ class KVRoutingHandler(Handler):
             has_unhashable_media=_has_media(req.get("messages") or []),
             skip_prefix_cache=req.get("prompt_logprobs") is not None,
         )
-        loads = await loads_task
+        # Load is read right before deciding, not overlapped with tokenization: concurrent requests must
+        # see each other's load (a snapshot taken earlier sends a burst on one hot prefix to one replica).
+        loads = await _safe_snapshot(g, candidates)
         gauges = {
             r: EngineGauges(st.waiting, st.running, st.kv_usage)
             for r, st in g.fleet.replicas.items() if r in by_replica
