@@ -110,3 +110,16 @@ def test_cli_replay_writes_json(tmp_path: Path, capsys: object) -> None:
     data = json.loads(out.read_text())
     assert [r["strategy"] for r in data["results"]] == ["round-robin", "litellm-kv"]
     assert 0.0 <= data["results"][1]["hit_ratio"] <= 1.0
+
+
+def test_generators_give_each_request_its_own_tail() -> None:
+    """Requests that share a head (system prompt, task context, hot prefix) still differ after it;
+    a generator that repeated whole prompts would inflate every hit ratio measured on it."""
+    from litellm_kv.bench.workload import agent_fanout, hot_prefix, shared_prefix
+
+    for reqs in (shared_prefix(groups=2, prompts_per_group=3, rate=100.0),
+                 agent_fanout(tasks=2, fanout=4),
+                 hot_prefix(n=50, prefixes=3)):
+        assert len({tuple(r.blocks) for r in reqs}) == len(reqs)
+    heads = {r.blocks[0] for r in shared_prefix(groups=2, prompts_per_group=3, rate=100.0)}
+    assert len(heads) == 2

@@ -74,7 +74,9 @@ def load_mooncake(path: str | Path, block_size: int = 16, limit: int | None = No
 
 def _chain(root: int, n_blocks: int, start: int = 0, parent: int | None = None) -> list[int]:
     ids = []
-    p = root if parent is None else parent
+    # Both matter when both are given: the parent places the chain after a shared head, the root makes
+    # this request's tail its own (without it, every request after the same head repeated one tail).
+    p = root if parent is None else mix(parent, root)
     for j in range(n_blocks):
         p = mix(p, start + j)
         ids.append(p)
