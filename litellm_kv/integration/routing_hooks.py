@@ -307,6 +307,7 @@ class KVRoutingHandler(Handler):
         self.index: KVIndex | None = None
         self.routes: OrderedDict[str, _Route] = OrderedDict()
         self.backend = "memory" if settings.mode == "embedded" else "redis"
+        self._tasks: set[asyncio.Task[None]] = set()
         self._salt_secret: bytes | None = None
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
@@ -453,19 +454,18 @@ class KVRoutingHandler(Handler):
     def _remember(self, cid: str, route: _Route) -> None:
         self.routes[cid] = route
         self.routes.move_to_end(cid)
-        while len(self.routes) > _CALLS_KEPT:
-            _, old = self.routes.popitem(last=False)
-            if not old.released and not old.shadow:
-                asyncio.get_running_loop().create_task(self._release_route(old))
-
-    async def _release_route(self, route: _Route) -> None:
-        g = self.groups.get(route.group)
-        if g is None:
-            return
-        for cid, r in list(self.routes.items()):
-            if r is route:
-                await _safe_load(g, g.load.end(cid))
+        ttl = self.options[route.group].inflight_ttl_s
+        while self.routes:
+            old_cid, old = next(iter(self.routes.items()))
+            if len(self.routes) <= _CALLS_KEPT and route.started - old.started < ttl:
                 break
+            del self.routes[old_cid]
+            g = self.groups.get(old.group)
+            if g is not None and not old.released and not old.shadow:
+                # Never saw its end (lost callback): stop counting its load.
+                task = asyncio.get_running_loop().create_task(_safe_load(g, g.load.end(old_cid)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
         cid = _call_id(data)

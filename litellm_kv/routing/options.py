@@ -105,5 +105,7 @@ class KVRoutingOptions:
             raise ValueError("block_size must be positive")
         if self.verify_every < 0 or self.exactness_sample_every < 0:
             raise ValueError("sampling rates must be >= 0")
+        if self.inflight_ttl_s <= 0:
+            raise ValueError("inflight_ttl_s must be positive")
         if self.tokenizer == "local" and not self.tokenizer_path:
             raise ValueError("tokenizer: local needs tokenizer_path")
