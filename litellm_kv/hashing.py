@@ -196,8 +196,8 @@ class BlockHasher:
         # young generation holds half the bound it becomes the old one and the previous old
         # one is dropped, so at most memo_tokens / hash_block_size blocks are held in all.
         self._memo_limit = memo_tokens // fine // 2
-        self._memo_new: dict[bytes, list[tuple[list[int], ExtraKeys, bytes]]] = {}
-        self._memo_old: dict[bytes, list[tuple[list[int], ExtraKeys, bytes]]] = {}
+        self._memo_new: dict[bytes, list[tuple[tuple[int, ...], ExtraKeys, bytes]]] = {}
+        self._memo_old: dict[bytes, list[tuple[tuple[int, ...], ExtraKeys, bytes]]] = {}
         self._memo_new_size = 0
 
     def __repr__(self) -> str:
@@ -290,7 +290,9 @@ class BlockHasher:
         parent = self.none_hash
         for start in range(0, len(token_ids) // step * step, step):
             end = start + step
-            block = token_ids[start:end]
+            # A tuple: it is what gets pickled, and the memo keeps it (a tuple of ints is untracked by
+            # the garbage collector; lists in a large memo made every full collection walk them).
+            block = tuple(token_ids[start:end])
             if start < keyed_until:
                 mm_keys, mm_idx = _mm_keys(mm, start, end, mm_idx) if mm else ((), mm_idx)
                 salt_keys = ((_TAG_SALT, cache_salt),) if cache_salt and start == 0 else ()
@@ -298,7 +300,7 @@ class BlockHasher:
             else:
                 extra = plain_keys
             if not memo_on:
-                parent = digest(dumps((parent, tuple(block), extra)))
+                parent = digest(dumps((parent, block, extra)))
                 append(parent)
                 continue
             children = memo_new.get(parent)
@@ -308,7 +310,7 @@ class BlockHasher:
                     memo_new[parent] = children
                     size += len(children)
             if children is None:
-                child = digest(dumps((parent, tuple(block), extra)))
+                child = digest(dumps((parent, block, extra)))
                 memo_new[parent] = [(block, extra, child)]
                 size += 1
             else:
@@ -317,7 +319,7 @@ class BlockHasher:
                         child = c_hash
                         break
                 else:
-                    child = digest(dumps((parent, tuple(block), extra)))
+                    child = digest(dumps((parent, block, extra)))
                     children.insert(0, (block, extra, child))
                     if len(children) > _MEMO_CHILDREN:
                         children.pop()
