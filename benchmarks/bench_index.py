@@ -24,9 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from litellm_kv.index.memory import InMemoryIndex
-
 from litellm_kv.index.base import BlockOp, KVIndex, Tier
+from litellm_kv.index.memory import InMemoryIndex
 from litellm_kv.index.redis import RedisIndex
 from tests.support.redis_server import RedisServer
 
