@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-echo "[test] ruff"; .venv/bin/ruff check litellm_kv tests tools benchmarks
+echo "[test] ruff"; .venv/bin/ruff check --no-cache litellm_kv tests tools benchmarks
 echo "[test] mypy"; .venv/bin/mypy
 echo "[test] pytest"
 set +e
