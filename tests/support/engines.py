@@ -167,29 +167,37 @@ def start_replicas(
     timeout: float = START_TIMEOUT_S,
 ) -> list[EngineReplica]:
     """Start ``n`` replicas in parallel and wait until each answers ``/health``.
-    On failure every replica started here is stopped and the error shows the engine log."""
+    On failure every replica started here is stopped and the error shows the engine log.
+
+    Ports are picked free just before the engines bind them; another process can take one in between
+    (seen on busy machines), so a failed start is retried once on fresh ports."""
     model = ensure_model()
-    reps = [
-        EngineReplica(
-            name=f"{name_prefix}{i}", port=free_port(), model_dir=model, block_size=block_size,
-            kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, events=events,
-            extra_args=tuple(extra_args), env=dict(env or {}),
-        )
-        for i in range(n)
-    ]
-    t0 = time.monotonic()
-    try:
-        for r in reps:
-            r.start()
-        with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
-            for fut in [pool.submit(r.wait_ready, timeout) for r in reps]:
-                fut.result()
-    except BaseException:
-        stop_replicas(reps)
-        raise
-    print(f"[engines] {n} vLLM replicas ready in {time.monotonic() - t0:.1f}s: "
-          + ", ".join(r.url for r in reps), flush=True)
-    return reps
+    for attempt in (1, 2):
+        reps = [
+            EngineReplica(
+                name=f"{name_prefix}{i}", port=free_port(), model_dir=model, block_size=block_size,
+                kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, events=events,
+                extra_args=tuple(extra_args), env=dict(env or {}),
+            )
+            for i in range(n)
+        ]
+        t0 = time.monotonic()
+        try:
+            for r in reps:
+                r.start()
+            with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+                for fut in [pool.submit(r.wait_ready, timeout) for r in reps]:
+                    fut.result()
+        except BaseException as exc:
+            stop_replicas(reps)
+            if attempt == 2 or not isinstance(exc, (RuntimeError, TimeoutError)):
+                raise
+            print(f"[engines] start failed ({str(exc).splitlines()[0]}); retrying on fresh ports", flush=True)
+            continue
+        print(f"[engines] {n} vLLM replicas ready in {time.monotonic() - t0:.1f}s: "
+              + ", ".join(r.url for r in reps), flush=True)
+        return reps
+    raise AssertionError("unreachable")
 
 
 def stop_replicas(reps: Sequence[EngineReplica]) -> None:

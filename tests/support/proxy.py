@@ -53,6 +53,7 @@ def start_proxy(
     as database keys would be presented to hooks (the database path cannot run here: Prisma's
     engine binary is downloaded at start-up from a host these machines cannot reach).
     """
+    fixed_port = port is not None
     port = port or free_port()
     cfg = json.loads(json.dumps(config))  # deep copy
     gs = cfg.setdefault("general_settings", {})
@@ -74,15 +75,22 @@ def start_proxy(
         run_env.update(env)
     config_path = tmp / "config.yaml"
     config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    proc = ManagedProcess(
-        name,
-        [litellm_bin(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-        env=run_env,
-        cwd=str(tmp),
-    )
-    try:
-        proc.wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout)
-    except Exception:
-        proc.stop()
-        raise
-    return Proxy(proc, port, config_path)
+    for attempt in (1, 2):
+        proc = ManagedProcess(
+            name,
+            [litellm_bin(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
+             "--num_workers", "1"],
+            env=run_env,
+            cwd=str(tmp),
+        )
+        try:
+            proc.wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout)
+        except Exception as exc:
+            proc.stop()
+            # The free port can be taken between picking it and the proxy binding it: retry once.
+            if attempt == 1 and not fixed_port and "address already in use" in str(exc).lower():
+                port = free_port()
+                continue
+            raise
+        return Proxy(proc, port, config_path)
+    raise AssertionError("unreachable")
