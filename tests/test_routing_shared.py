@@ -21,7 +21,7 @@ from tests.support.engines import EngineReplica
 from tests.support.procs import ARTIFACTS, PYTHON, ROOT, ManagedProcess, free_port
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 from tests.support.redis_server import RedisServer
-from tests.support.workload import format_table, make_workload, run_workload
+from tests.support.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
 from tests.test_routing_e2e import DEFAULT, KV, _config, _metric, _reset
 
 pytestmark = [pytest.mark.engine, pytest.mark.proxy, pytest.mark.redis]
@@ -103,16 +103,20 @@ def _wait_indexer(url: str, timeout: float = 60) -> float:
 
 def test_two_shared_proxies_beat_simple_shuffle(proxies: list[Proxy], engines: list[EngineReplica],
                                                 indexer: str) -> None:
-    convs = make_workload(groups=14, convs_per_group=1, turns=6, system_words=150, user_words=25, seed=5)
+    workloads = [make_workload(**COMPARISON, seed=seed) for seed in COMPARISON_SEEDS]
     urls = [p.url for p in proxies]
 
     async def run() -> tuple[Any, Any]:
-        _reset(engines)
-        base = await run_workload(urls, MASTER_KEY, DEFAULT, convs, label="simple-shuffle (2 proxies)",
-                                  concurrency=3)
-        _reset(engines)
-        await asyncio.sleep(1.0)  # the indexer applies the AllBlocksCleared events
-        kv = await run_workload(urls, MASTER_KEY, KV, convs, label="litellm-kv shared (2 proxies)", concurrency=3)
+        base = kv = None
+        for convs in workloads:  # caches reset before every run: each workload starts cold
+            _reset(engines)
+            b = await run_workload(urls, MASTER_KEY, DEFAULT, convs, label="simple-shuffle (2 proxies)",
+                                   concurrency=3)
+            _reset(engines)
+            await asyncio.sleep(1.0)  # the indexer applies the AllBlocksCleared events
+            k = await run_workload(urls, MASTER_KEY, KV, convs, label="litellm-kv shared (2 proxies)",
+                                   concurrency=3)
+            base, kv = (b, k) if base is None or kv is None else (base + b, kv + k)
         return base, kv
 
     before = [_metric(p, "litellm_kv_prediction_checks_total") for p in proxies]

@@ -20,7 +20,7 @@ from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
 from tests.support.engines import start_replicas
 from tests.support.proxy import MASTER_KEY, start_proxy
-from tests.support.workload import RunStats, format_table, make_workload, run_workload
+from tests.support.workload import COMPARISON, RunStats, format_table, make_workload, run_workload
 
 KV_GROUP = "tiny-kv"
 DEFAULT_GROUP = "tiny-default"
@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache", default="8M", help="KV cache bytes per replica (small: forces eviction)")
     # Sized with the 8 MiB caches (256 blocks of 32) so the distinct prefixes overflow one replica's
     # cache but fit the fleet's: the regime where routing matters.
-    ap.add_argument("--groups", type=int, default=14, help="distinct system prompts")
-    ap.add_argument("--convs", type=int, default=1, help="conversations per system prompt")
-    ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--system-words", type=int, default=150)
-    ap.add_argument("--user-words", type=int, default=25)
+    ap.add_argument("--groups", type=int, default=COMPARISON["groups"], help="distinct system prompts")
+    ap.add_argument("--convs", type=int, default=COMPARISON["convs_per_group"], help="conversations per system prompt")
+    ap.add_argument("--turns", type=int, default=COMPARISON["turns"])
+    ap.add_argument("--system-words", type=int, default=COMPARISON["system_words"])
+    ap.add_argument("--user-words", type=int, default=COMPARISON["user_words"])
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args(argv)
