@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.procs import ARTIFACTS, PYTHON, ROOT, ManagedProcess, free_port
+from tests.support.fake_upstream import start_fake_upstream
+from tests.support.procs import ARTIFACTS, ManagedProcess
 from tests.support.proxy import Proxy, start_proxy
 
 pytestmark = pytest.mark.proxy
@@ -80,16 +81,9 @@ def start_fleet(names: tuple[str, ...] = DEPLOYMENTS) -> Fleet:
     ports: dict[str, int] = {}
     try:
         for name in names:
-            port = free_port()
-            proc = ManagedProcess(
-                f"fake-{name}",
-                [PYTHON, "-m", "tests.support.fake_upstream", "--port", str(port), "--name", name,
-                 "--min-cache-tokens", "1024", "--cache-block", "128"],
-                cwd=str(ROOT),
-            )
+            proc, url = start_fake_upstream(name, "--min-cache-tokens", "1024", "--cache-block", "128")
             procs.append(proc)
-            proc.wait_http(f"http://127.0.0.1:{port}/health", 30)
-            ports[name] = port
+            ports[name] = int(url.rsplit(":", 1)[1])
     except Exception:
         for p in procs:
             p.stop()

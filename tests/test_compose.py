@@ -318,7 +318,6 @@ def test_litellm_config_starts_a_real_proxy_with_litellm_kv() -> None:
     redis = RedisServer()
     proxy = None
     try:
-        redis.start()
         for dep in raw["model_list"]:
             if dep["model_name"] == "chat":
                 port = free_port()

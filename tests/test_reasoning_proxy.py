@@ -21,7 +21,8 @@ import litellm
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support.procs import PYTHON, ROOT, ManagedProcess, free_port
+from tests.support.fake_upstream import start_fake_upstream
+from tests.support.procs import ManagedProcess
 from tests.support.proxy import Proxy, start_proxy
 
 pytestmark = pytest.mark.proxy
@@ -32,16 +33,7 @@ DEEPSEEK_TOKENIZER = Path(litellm.__file__).parent / "litellm_core_utils" / "tok
 
 
 def _fake(name: str, *extra: str) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    proc = ManagedProcess(
-        f"fake-{name}",
-        [PYTHON, "-m", "tests.support.fake_upstream", "--port", str(port), "--name", name,
-         "--reasoning-words", str(REASONING_WORDS), *extra],
-        cwd=str(ROOT),
-    )
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http(url + "/health", 30)
-    return proc, url
+    return start_fake_upstream(name, "--reasoning-words", str(REASONING_WORDS), *extra)
 
 
 def _reasoning_key(alias: str, reasoning: Any, **extra: Any) -> dict[str, Any]:

@@ -28,7 +28,8 @@ import pytest
 from PIL import Image
 
 from litellm_kv.vision import visual_tokens
-from tests.support.procs import PYTHON, ROOT, ManagedProcess, free_port
+from tests.support.fake_upstream import start_fake_upstream
+from tests.support.procs import ManagedProcess
 from tests.support.proxy import Proxy, start_proxy
 
 pytestmark = pytest.mark.proxy
@@ -39,14 +40,7 @@ GROUP_MAX_PIXELS = 28 * 28 * 1280  # the ceiling for unfetched remote images: 12
 
 
 def _fake(name: str, *extra: str) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    proc = ManagedProcess(
-        f"fake-{name}", [PYTHON, "-m", "tests.support.fake_upstream", "--port", str(port), "--name", name, *extra],
-        cwd=str(ROOT),
-    )
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http(url + "/health", 30)
-    return proc, url
+    return start_fake_upstream(name, *extra)
 
 
 def _vision_key(alias: str, vision: Any, **extra: Any) -> dict[str, Any]:

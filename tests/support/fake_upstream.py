@@ -170,6 +170,22 @@ def build_app(args: argparse.Namespace) -> Starlette:
     ])
 
 
+def start_fake_upstream(name: str, *args: str, timeout: float = 30.0) -> tuple[Any, str]:
+    """Start one fake deployment as its own process on a free port; returns (process, base URL)."""
+    from tests.support.procs import PYTHON, ROOT, ManagedProcess, free_port
+
+    port = free_port()
+    proc = ManagedProcess(f"fake-{name}", [PYTHON, "-m", "tests.support.fake_upstream", "--port", str(port),
+                                           "--name", name, *args], cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http(url + "/health", timeout)
+    except Exception:
+        proc.stop()
+        raise
+    return proc, url
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
