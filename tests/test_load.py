@@ -39,7 +39,6 @@ async def test_in_memory_lifecycle_and_recent_decay() -> None:
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     server = RedisServer()
-    server.start()
     try:
         yield server.url
     finally:

@@ -27,6 +27,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start the server (a no-op while it runs: a second process would be orphaned by stop())."""
+        if self.proc is not None and self.proc.alive():
+            return
         self.proc = ManagedProcess(
             self.name,
             [self.exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
