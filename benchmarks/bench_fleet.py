@@ -59,9 +59,17 @@ from litellm_kv.bench.workload import (
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher, max_hit_blocks
 from litellm_kv.tokenization import LocalChatTokenizer
-from tests.support.engines import ENGINE_PY, EngineReplica, ensure_model, start_replicas, stop_replicas
+from tests.support.engines import (
+    ENGINE_PY,
+    EngineReplica,
+    ensure_model,
+    reset_prefix_caches,
+    start_replicas,
+    stop_replicas,
+)
 from tests.support.procs import ARTIFACTS
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
+from tests.support.workload import Result
 
 KV = "tiny-kv"
 SHUFFLE = "tiny-default"
@@ -218,23 +226,14 @@ def sizing(reqs: list[FleetRequest], tok: LocalChatTokenizer) -> Sizing:
 
 
 @dataclass(slots=True)
-class Outcome:
-    latency_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    deployment: str
-    status: int
-
-
-@dataclass(slots=True)
 class RunResult:
     routing: str
     wall_s: float
-    outcomes: list[Outcome]
+    outcomes: list[Result]
     kv_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
-    def ok(self) -> list[Outcome]:
+    def ok(self) -> list[Result]:
         return [o for o in self.outcomes if o.status == 200]
 
     @property
@@ -270,19 +269,19 @@ class RunResult:
         }
 
 
-async def send(client: httpx.AsyncClient, url: str, group: str, req: FleetRequest, max_tokens: int) -> Outcome:
+async def send(client: httpx.AsyncClient, url: str, group: str, req: FleetRequest, max_tokens: int) -> Result:
     body = {"model": group, "messages": req.messages, "max_tokens": max_tokens, "temperature": 0}
     t0 = time.perf_counter()
     try:
         r = await client.post(url, json=body, headers=HEADERS)
     except httpx.HTTPError:
-        return Outcome(time.perf_counter() - t0, 0, 0, "", 0)
+        return Result(time.perf_counter() - t0, 0, 0, "", 0)
     lat = time.perf_counter() - t0
     if r.status_code != 200:
-        return Outcome(lat, 0, 0, r.headers.get("x-litellm-model-id", ""), r.status_code)
+        return Result(lat, 0, 0, r.headers.get("x-litellm-model-id", ""), r.status_code)
     usage = r.json().get("usage") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return Outcome(lat, int(usage.get("prompt_tokens") or 0), int(cached),
+    return Result(lat, int(usage.get("prompt_tokens") or 0), int(cached),
                    r.headers.get("x-litellm-model-id", ""), 200)
 
 
@@ -292,7 +291,7 @@ async def run_once(proxy: Proxy, group: str, reqs: list[FleetRequest], concurren
     only once that one has finished."""
     url = f"{proxy.url}/v1/chat/completions"
     done = [asyncio.Event() for _ in reqs]
-    outcomes: list[Outcome | None] = [None] * len(reqs)
+    outcomes: list[Result | None] = [None] * len(reqs)
     sem = asyncio.Semaphore(concurrency)
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=180) as client:
@@ -363,24 +362,6 @@ def proxy_config(replicas: Sequence[EngineReplica], tokenizer: str) -> dict[str,
     }
 
 
-async def kv_health(proxy: Proxy) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=10) as c:
-        r = await c.get(f"{proxy.url}/litellm-kv/health", headers=HEADERS)
-        r.raise_for_status()
-        return dict(((r.json().get("routing") or {}).get("groups") or {}).get(KV) or {})
-
-
-async def wait_exact(proxy: Proxy, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        last = await kv_health(proxy)
-        if last.get("exact") and last.get("replicas") and all(x.get("ready") for x in last["replicas"]):
-            return
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"litellm-kv routing never became exact: {last}")
-
-
 async def kv_counters(proxy: Proxy) -> dict[str, float]:
     """The KV group's prediction-check and decision counters (cumulative)."""
     wanted = ("litellm_kv_prediction_checks_total", "litellm_kv_routing_decisions_total",
@@ -394,13 +375,6 @@ async def kv_counters(proxy: Proxy) -> dict[str, float]:
             out[name.replace(f'model_group="{KV}",', "").replace(f',model_group="{KV}"', "")
                 .replace(f'{{model_group="{KV}"}}', "")] = float(value)
     return out
-
-
-async def reset_caches(replicas: Sequence[EngineReplica]) -> None:
-    async with httpx.AsyncClient(timeout=30) as c:
-        for r in replicas:
-            (await c.post(f"{r.url}/reset_prefix_cache")).raise_for_status()
-    await asyncio.sleep(1.0)  # let the AllBlocksCleared events reach the index
 
 
 # -- report --------------------------------------------------------------------------------------------
@@ -490,8 +464,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print_sizing(workloads, text, blocks, bs, args)
         proxy = start_proxy(proxy_config(replicas, "engine" if args.tokenizer == "engine" else str(tok_dir)),
                             name="bench-fleet-proxy")
-        await wait_exact(proxy)
-        path_used = (await kv_health(proxy)).get("tokenizer", "?")
+        path_used = proxy.wait_kv_exact(KV, timeout=90).get("tokenizer", "?")
         print(f"[fleet] litellm-kv tokenizer path: {path_used}", flush=True)
         names = {f"{g}-{i}": f"r{i}" for g in (KV, SHUFFLE) for i in range(len(replicas))}
         out: dict[str, Any] = {
@@ -508,7 +481,7 @@ async def main_async(args: argparse.Namespace) -> int:
             runs = []
             order = [("shuffle", SHUFFLE), ("litellm-kv", KV)]
             for label, group in (order[::-1] if args.kv_first else order):
-                await reset_caches(replicas)
+                reset_prefix_caches(replicas, settle_s=1.0)  # AllBlocksCleared reaches the index
                 before = await kv_counters(proxy) if group == KV else {}
                 print(f"[fleet] {s.name}: {len(reqs)} requests via {label}", flush=True)
                 run = await run_once(proxy, group, reqs, args.concurrency, args.max_tokens)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -94,8 +93,7 @@ class Indexer:
 
     def kill(self) -> None:
         if self.proc is not None:
-            self.proc.signal(signal.SIGKILL)
-            self.proc.kill()
+            self.proc.kill()  # SIGKILL to the process group
             self.proc.stop()
             self.proc = None
 

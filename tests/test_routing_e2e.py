@@ -18,7 +18,7 @@ import pytest
 
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
-from tests.support.engines import EngineReplica
+from tests.support.engines import EngineReplica, reset_prefix_caches
 from tests.support.procs import free_port
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 from tests.support.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
@@ -69,14 +69,7 @@ def _health(proxy: Proxy) -> dict[str, Any]:
 
 
 def _wait_exact(proxy: Proxy, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        last = _health(proxy)["routing"]["groups"][KV]
-        if last["exact"] and all(r["ready"] for r in last["replicas"]):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"routing never became exact: {last}")
+    return proxy.wait_kv_exact(KV, timeout)
 
 
 def _metric(proxy: Proxy, prefix: str) -> dict[str, float]:
@@ -96,9 +89,7 @@ def _subscriber(proxy: Proxy, replica: EngineReplica) -> dict[str, Any]:
 
 
 def _reset(engines: list[EngineReplica]) -> None:
-    for r in engines:
-        httpx.post(f"{r.url}/reset_prefix_cache", timeout=30).raise_for_status()
-    time.sleep(0.5)
+    reset_prefix_caches(engines)
 
 
 @pytest.fixture(scope="module")

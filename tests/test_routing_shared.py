@@ -77,15 +77,7 @@ def proxies(engines: list[EngineReplica], engine_model: Any, redis_srv: RedisSer
 
 
 def _wait_ready(p: Proxy, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = httpx.get(f"{p.url}/litellm-kv/health", headers=HEADERS, timeout=10).json()["routing"]["groups"][KV]
-        if last["exact"] and all(r["ready"] for r in last["replicas"]):
-            assert last["mode"] == "shared"
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"shared routing never ready: {last}")
+    assert p.wait_kv_exact(KV, timeout)["mode"] == "shared"
 
 
 def _wait_indexer(url: str, timeout: float = 60) -> float:

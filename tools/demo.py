@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from typing import Any
 
 import httpx
 
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
-from tests.support.engines import start_replicas
+from tests.support.engines import reset_prefix_caches, start_replicas
 from tests.support.proxy import MASTER_KEY, start_proxy
 from tests.support.workload import COMPARISON, RunStats, format_table, make_workload, run_workload
 
@@ -68,28 +67,6 @@ async def distinct_blocks(url: str, block_size: int, convs: list[Any]) -> int:
     return len(seen)
 
 
-async def reset_caches(replicas: list[Any]) -> None:
-    async with httpx.AsyncClient(timeout=30) as c:
-        for r in replicas:
-            resp = await c.post(f"{r.url}/reset_prefix_cache")
-            resp.raise_for_status()
-
-
-async def wait_routing_ready(proxy_url: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    async with httpx.AsyncClient(timeout=10) as c:
-        while time.monotonic() < deadline:
-            r = await c.get(f"{proxy_url}/litellm-kv/health", headers={"Authorization": f"Bearer {MASTER_KEY}"})
-            if r.status_code == 200:
-                last = r.json()
-                grp = ((last.get("routing") or {}).get("groups") or {}).get(KV_GROUP) or {}
-                if grp.get("exact") and all(x.get("ready") for x in grp.get("replicas", [])):
-                    return last
-            await asyncio.sleep(0.5)
-    raise TimeoutError(f"litellm-kv routing not ready: {last}")
-
-
 async def main_async(args: argparse.Namespace) -> int:
     print(f"[demo] starting {args.replicas} vLLM CPU replicas (tiny local model, KV cache {args.kv_cache})",
           flush=True)
@@ -112,12 +89,11 @@ async def main_async(args: argparse.Namespace) -> int:
               f"{'yes' if fits_fleet else 'NO'}", flush=True)
         print("[demo] starting the LiteLLM proxy with litellm-kv (embedded mode)", flush=True)
         proxy = start_proxy(proxy_config(replicas, str(r0.model_dir)), name="demo-proxy")
-        await wait_routing_ready(proxy.url)
+        proxy.wait_kv_exact(KV_GROUP)
         names = {f"{g}-replica-{i}": f"r{i}" for g in (KV_GROUP, DEFAULT_GROUP) for i in range(len(replicas))}
         rows: list[RunStats] = []
         for label, group in (("LiteLLM simple-shuffle", DEFAULT_GROUP), ("litellm-kv (embedded)", KV_GROUP)):
-            await reset_caches(replicas)
-            await asyncio.sleep(0.5)
+            reset_prefix_caches(replicas)
             print(f"[demo] running {len(convs) * args.turns} requests with {label}", flush=True)
             rows.append(await run_workload(proxy.url, MASTER_KEY, group, convs, label=label,
                                            concurrency=args.concurrency))

@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from tests.support.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
@@ -198,6 +200,14 @@ def start_replicas(
               + ", ".join(r.url for r in reps), flush=True)
         return reps
     raise AssertionError("unreachable")
+
+
+def reset_prefix_caches(reps: Sequence[EngineReplica], settle_s: float = 0.5) -> None:
+    """Empty every replica's prefix cache (``POST /reset_prefix_cache``, needs ``VLLM_SERVER_DEV_MODE=1``)
+    and give the resulting ``AllBlocksCleared`` events a moment to reach the index."""
+    for r in reps:
+        httpx.post(f"{r.url}/reset_prefix_cache", timeout=30).raise_for_status()
+    time.sleep(settle_s)
 
 
 def stop_replicas(reps: Sequence[EngineReplica]) -> None:

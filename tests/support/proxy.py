@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from tests.support.procs import ROOT, ManagedProcess, free_port
@@ -35,6 +37,23 @@ class Proxy:
 
     def stop(self) -> None:
         self.proc.stop()
+
+    def kv_health(self, group: str) -> dict[str, Any]:
+        """litellm-kv's view of one KV-routed group (``GET /litellm-kv/health``)."""
+        r = httpx.get(f"{self.url}/litellm-kv/health", headers=self.headers(), timeout=10)
+        r.raise_for_status()
+        return dict(((r.json().get("routing") or {}).get("groups") or {}).get(group) or {})
+
+    def wait_kv_exact(self, group: str, timeout: float = 60) -> dict[str, Any]:
+        """Wait until the group routes exactly with every replica ready; returns its health."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            last = self.kv_health(group)
+            if last.get("exact") and last.get("replicas") and all(r.get("ready") for r in last["replicas"]):
+                return last
+            time.sleep(0.5)
+        raise TimeoutError(f"litellm-kv routing of {group} never became exact: {last}")
 
 
 def start_proxy(
