@@ -32,9 +32,7 @@ import datetime as dt
 import json
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -60,14 +58,12 @@ from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher, max_hit_blocks
 from litellm_kv.tokenization import LocalChatTokenizer
 from tests.support.engines import (
-    ENGINE_PY,
     EngineReplica,
     ensure_model,
     reset_prefix_caches,
     start_replicas,
     stop_replicas,
 )
-from tests.support.procs import ARTIFACTS
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 from tests.support.workload import Result
 
@@ -315,34 +311,6 @@ async def run_once(proxy: Proxy, group: str, reqs: list[FleetRequest], concurren
 # -- fleet ---------------------------------------------------------------------------------------------
 
 
-def engine_tokenizer_dir(model_dir: Path) -> Path:
-    """The tiny model's tokenizer files with ``tokenizer.json`` replaced by the tokenizer the engine
-    really uses, for the proxy's local tokenizer (``kv.tokenizer_path``).
-
-    transformers 5 loads the tiny ``qwen2`` model's tokenizer as ``Qwen2Tokenizer``, whose own
-    pre-tokenizer replaces the file's; the stock file then fails the proxy's start-up check against
-    ``/tokenize`` and the group falls back to one engine ``/tokenize`` call per request, a cost of
-    the test model (real Qwen2 checkpoints ship the matching file) that would weigh on every
-    litellm-kv latency figure here. ``--tokenizer engine`` keeps that path instead."""
-    dst = ARTIFACTS / "tiny-model-engine-tokenizer"
-    version = (model_dir / "litellm_kv_model_version.txt").read_text()
-    marker = dst / "litellm_kv_model_version.txt"
-    if marker.exists() and marker.read_text() == version:
-        return dst
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir(parents=True)
-    for name in ("tokenizer_config.json", "special_tokens_map.json", "config.json"):
-        if (model_dir / name).exists():
-            shutil.copy(model_dir / name, dst / name)
-    code = ("import sys; from transformers import AutoTokenizer; "
-            "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())")
-    out = subprocess.run([str(ENGINE_PY), "-c", code, str(model_dir)], check=True, capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=180)
-    (dst / "tokenizer.json").write_text(out.stdout)
-    marker.write_text(version)  # last: a half-built directory is rebuilt
-    return dst
-
-
 def proxy_config(replicas: Sequence[EngineReplica], tokenizer: str) -> dict[str, Any]:
     """Two groups over the same replicas; the KV group uses litellm-kv's defaults. ``tokenizer``: a
     directory (local tokenizer, verified against the engine at start-up) or ``engine``."""
@@ -447,7 +415,7 @@ async def main_async(args: argparse.Namespace) -> int:
     if not chosen:
         raise SystemExit(f"no workload among {args.workloads!r}")
     load_before = os.getloadavg()
-    tok_dir = engine_tokenizer_dir(ensure_model())
+    tok_dir = ensure_model()  # its tokenizer.json is the engine's own (tools/engine/build_model.py checks)
     tok = LocalChatTokenizer(tok_dir)
     text = BlockText(tok)
     workloads = [(s, reqs, sizing(reqs, tok)) for s in chosen for reqs in [to_requests(s, s.make(), text)]]

@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -49,7 +47,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litellm_kv.tokenization import LocalChatTokenizer
-from tests.support.engines import ENGINE_PY, SERVED_NAME, EngineReplica, ensure_model, stop_replicas
+from tests.support.engines import SERVED_NAME, EngineReplica, ensure_model, stop_replicas
 from tests.support.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
 from tests.support.redis_server import RedisServer
@@ -190,16 +188,8 @@ class Histogram:
 
 
 def long_model() -> Path:
-    """The tests' tiny model, copied with two changes that leave the engine's behaviour as it was:
-
-    * ``max_position_embeddings`` = MAX_MODEL_LEN (RoPE needs no new weights; vLLM otherwise refuses
-      ``--max-model-len`` above the config's 4096);
-    * ``tokenizer.json`` = the tokenizer the engine really uses. transformers 5 loads a ``qwen2`` model's
-      tokenizer as ``Qwen2Tokenizer``, whose own pre-tokenizer replaces the file's ByteLevel regex, so the
-      stock file disagrees with ``/tokenize`` (digits, tabs, runs of spaces) and the proxy's start-up
-      verification rightly switches the group to the engine path. Saving the engine's tokenizer lets the
-      local path (the one this benchmark is about) pass that same verification.
-    """
+    """The tests' tiny model, copied with ``max_position_embeddings`` = MAX_MODEL_LEN (RoPE needs no
+    new weights; vLLM otherwise refuses ``--max-model-len`` above the config's 4096)."""
     src = ensure_model()
     dst = ARTIFACTS / f"tiny-model-{MAX_MODEL_LEN}"
     version = (src / "litellm_kv_model_version.txt").read_text()
@@ -210,11 +200,6 @@ def long_model() -> Path:
         cfg = json.loads((dst / "config.json").read_text())
         cfg["max_position_embeddings"] = MAX_MODEL_LEN
         (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-        code = ("import sys; from transformers import AutoTokenizer; "
-                "sys.stdout.write(AutoTokenizer.from_pretrained(sys.argv[1]).backend_tokenizer.to_str())")
-        out = subprocess.run([str(ENGINE_PY), "-c", code, str(src)], check=True, capture_output=True, text=True,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, timeout=120)
-        (dst / "tokenizer.json").write_text(out.stdout)
     return dst
 
 

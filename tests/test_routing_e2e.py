@@ -103,6 +103,19 @@ def proxy(engines: list[EngineReplica], engine_model: Any) -> Iterator[Proxy]:
         p.stop()
 
 
+def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
+    """The test model's tokenizer.json is the engine's, so the group verifies its local tokenizer against
+    /tokenize and routes on the fast path (the one users with a real checkpoint get)."""
+    deadline = time.monotonic() + 30
+    state = ""
+    while time.monotonic() < deadline:
+        state = str(proxy.kv_health(KV).get("tokenizer"))
+        if state.startswith("local"):
+            break
+        time.sleep(0.5)
+    assert state.startswith("local (verified") and "fast BPE on" in state, state
+
+
 async def _distinct_blocks(url: str, convs: list[Any], block_size: int) -> int:
     hasher = BlockHasher("sha256", block_size)
     seen: set[bytes] = set()

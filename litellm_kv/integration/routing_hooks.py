@@ -132,6 +132,7 @@ class _Group:
         self._tasks: list[asyncio.Task[None]] = []
         self.tokenizer: LocalChatTokenizer | None = None
         self.tokenizer_state = "engine"
+        self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
         self.deployment_ids: frozenset[str] = frozenset()
         self.sync_lock = asyncio.Lock()
         self.requests = 0
@@ -153,6 +154,8 @@ class _Group:
             if deps:
                 try:
                     await self.sync(deps)
+                    if self.verify_pending:  # no replica was ready to verify against, or it failed to answer
+                        await self._verify_local_tokenizer()
                 except Exception:
                     log.exception("litellm-kv: %s: membership sync failed", self.name)
 
@@ -185,8 +188,9 @@ class _Group:
 
     async def _verify_local_tokenizer(self) -> None:
         assert self.options.tokenizer_path
+        self.verify_pending = False
         try:
-            tok = LocalChatTokenizer(self.options.tokenizer_path)
+            tok = LocalChatTokenizer(self.options.tokenizer_path, fast_bpe=self.options.fast_bpe)
         except Exception as exc:
             self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
             log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
@@ -194,11 +198,13 @@ class _Group:
         client = self._any_client()
         if client is None:
             self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
+            self.verify_pending = True
             return
         try:
             wanted = [await client.tokenize_chat(s["messages"], tools=s.get("tools")) for s in VERIFY_SAMPLES]
         except Exception as exc:
-            self.tokenizer_state = f"engine (verification failed: {exc})"
+            self.tokenizer_state = f"engine (verification failed: {exc}; retrying)"
+            self.verify_pending = True
             log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
             return
         for fmt in CONTENT_FORMATS:
@@ -212,8 +218,9 @@ class _Group:
                 ok = False
             if ok:
                 self.tokenizer = tok
-                self.tokenizer_state = f"local (verified, {fmt} content)"
-                log.info("litellm-kv: %s tokenizes locally (verified against /tokenize)", self.name)
+                self.tokenizer_state = f"local (verified, {fmt} content, fast BPE {tok.fast_bpe_state})"
+                log.info("litellm-kv: %s tokenizes locally (verified against /tokenize; fast BPE %s)",
+                         self.name, tok.fast_bpe_state)
                 return
         TOKENIZER_MISMATCH.labels(self.name).inc()
         self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"

@@ -24,7 +24,7 @@ import sysconfig
 from pathlib import Path
 
 # Bump when anything below changes the produced files.
-VERSION = "tiny-qwen2-v3"
+VERSION = "tiny-qwen2-v4"
 MARKER = "litellm_kv_model_version.txt"
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
@@ -75,6 +75,12 @@ CHAT_TEMPLATE = r"""{%- macro text(content) %}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
 {%- endif %}"""
 
+# Qwen2's pre-tokenizer split pattern (what transformers' Qwen2Tokenizer installs).
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+
 _WORD_TEXT = (
     "the a an of to in for on with cache block token prefix router replica engine model request "
     "prompt reply system user assistant tool budget reasoning image vision think answer fast slow "
@@ -110,7 +116,17 @@ def stdlib_corpus(limit_bytes: int) -> list[str]:
 
 
 def build_tokenizer(out: Path) -> int:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     rng = random.Random(SEED)
     corpus = synthetic_corpus(rng, 20_000) + stdlib_corpus(3_000_000)
@@ -125,6 +141,15 @@ def build_tokenizer(out: Path) -> int:
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    # Save the pre-tokenizer the engine will use. transformers 5 loads this model as Qwen2Tokenizer,
+    # which replaces the file's pre-tokenizer with Qwen2's split pattern and adds NFC; writing the same
+    # here makes tokenizer.json agree with the engine's /tokenize, so a proxy's local tokenizer passes
+    # verification (checked by engine_tokenizer_agrees below).
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS + EXTRA_ADDED])
     tok.save(str(out / "tokenizer.json"))
@@ -154,6 +179,26 @@ def build_tokenizer(out: Path) -> int:
         json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
     )
     return int(tok.get_vocab_size(with_added_tokens=True))
+
+
+def engine_tokenizer_agrees(out: Path) -> None:
+    """Fail the build unless transformers (as the engine loads it) and tokenizer.json give the same ids."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    engine = AutoTokenizer.from_pretrained(str(out))
+    local = Tokenizer.from_file(str(out / "tokenizer.json"))
+    texts = [
+        "What is 2+2?  Explain   with spaces\tand tabs.\n\n12345 67.89",
+        "Ünïcödé, emoji 🚀, 中文, e\u0301, and code: def f(x): return x**2\n    it's done",
+        "<|im_start|>user\nhi<|im_end|>\n<think>\n\n</think>\n\n<tool_call>{}</tool_call>",
+        *synthetic_corpus(random.Random(SEED + 1), 50),
+    ]
+    for text in texts:
+        want = engine(text, add_special_tokens=False)["input_ids"]
+        got = local.encode(text, add_special_tokens=False).ids
+        if want != got:
+            raise SystemExit(f"tokenizer.json disagrees with transformers' tokenizer on {text[:40]!r}")
 
 
 def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
@@ -197,6 +242,7 @@ def build(out: Path, force: bool = False) -> Path:
 
     tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
     build_model(tmp, vocab, eos_id=tok.token_to_id("<|im_end|>"), pad_id=tok.token_to_id("<|endoftext|>"))
+    engine_tokenizer_agrees(tmp)
     (tmp / MARKER).write_text(VERSION + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
