@@ -138,10 +138,10 @@ class FastBPE:
         previous = -1
         for merge in model.get("merges") or []:
             left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
-            rank = vocab.get(left + right)
-            if rank is None or rank < previous:
+            made = vocab.get(left + right)
+            if made is None or made < previous:
                 raise FastBPEUnavailable("merges are not ordered by the ranks of the tokens they make")
-            previous = rank
+            previous = made
         self._enc = tiktoken.Encoding("litellm-kv-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         self.pattern = pattern
         if reference is not None:
