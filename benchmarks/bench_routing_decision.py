@@ -39,6 +39,7 @@ from litellm_kv.config import Settings, parse_section
 from litellm_kv.engine import EngineClient
 from litellm_kv.hashing import BlockHasher
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
+from litellm_kv.integration.callback import _freeze_startup_heap
 from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group
 from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import ReplicaState, replica_id
@@ -220,6 +221,8 @@ async def run_backend(backend: str, redis_url: str | None, model_dir: str, args:
     stage_tok = LocalChatTokenizer(model_dir)
     stage_hasher = BlockHasher(ALGO, BLOCK)
     cost = CostModel(parse_section(CostConfig, {}, "cost"))
+    if not args.no_freeze:
+        _freeze_startup_heap()  # what the proxy does once its start-up is done (freeze_startup_heap)
     cells: list[Cell] = []
     for size in SIZES:
         n = {1024: args.decisions, 8192: args.decisions // 2}.get(size, max(10, args.decisions // 8))
@@ -310,6 +313,8 @@ def main() -> int:
     ap.add_argument("--decisions", type=int, default=200, help="decisions per 1K cell (fewer for larger sizes)")
     ap.add_argument("--turns", type=int, default=10, help="timed turns per growing conversation")
     ap.add_argument("--background", type=int, default=50_000, help="unrelated indexed blocks per replica")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="do not gc.freeze() after set-up (as a proxy with freeze_startup_heap: false)")
     ap.add_argument("--profile", action="store_true", help="print a cProfile summary of 8K first-call decisions")
     ap.add_argument("--profile-size", type=int, default=8192)
     ap.add_argument("--model-dir", default=None, help="tokenizer directory (default: the tests' tiny model)")

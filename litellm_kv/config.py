@@ -167,6 +167,12 @@ class Settings:
     model_groups: dict[str, ModelGroupSettings] = doc(
         "Per model-group settings, keyed by the LiteLLM model_name.", default_factory=dict
     )
+    freeze_startup_heap: bool = doc(
+        "After start-up, collect once and gc.freeze() the proxy's heap, so later full garbage collections "
+        "(which pause the event loop) walk only objects created by requests. Frozen objects are never "
+        "freed, so only start-up state is frozen; false leaves the collector as Python configures it.",
+        default=True,
+    )
 
     def group(self, name: str) -> ModelGroupSettings | None:
         return self.model_groups.get(name)

@@ -160,6 +160,22 @@ def test_memo_gives_identical_results_and_stays_bounded(algo: str) -> None:
     assert h.memo_size() == 0
 
 
+def test_dropped_memo_generation_is_freed_a_slice_per_call() -> None:
+    """A dropped generation is not freed at once (a multi-millisecond pause at the proxy's default size)
+    but a slice per call, at least as fast as new entries come, so memory stays bounded."""
+    rng = random.Random(2)
+    h = BlockHasher("sha256", 16, "0", memo_tokens=2 * 512 * 16)  # generations of 512 blocks
+    retired_peak = 0
+    for _ in range(200):
+        h.block_hashes([rng.randrange(50000) for _ in range(16 * 20)])  # 20 new blocks a call
+        retired_peak = max(retired_peak, sum(len(g) for g in h._retiring))
+        assert len(h._retiring) <= 1  # freed before the next generation is dropped
+    assert 0 < retired_peak <= 512
+    for _ in range(10):  # (20 + 64) entries freed per call
+        h.block_hashes([rng.randrange(50000) for _ in range(16 * 20)])
+    assert h.memo_size() <= 1024
+
+
 def test_memo_hits_skip_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     h = BlockHasher("sha256", 16)
     toks = list(range(4000))

@@ -13,6 +13,7 @@ deliberate :class:`~litellm_kv.errors.PolicyViolation` does.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -139,6 +140,8 @@ class LiteLLMKV(CustomLogger):
                     INTERNAL_ERRORS.labels(h.name, "startup").inc()
                     log.exception("litellm-kv: %s failed to start", h.name)
             self._ready = True
+            if self.settings.freeze_startup_heap:
+                _freeze_startup_heap()
 
     def _contain(self, h: Handler, hook: str) -> None:
         INTERNAL_ERRORS.labels(h.name, hook).inc()
@@ -291,6 +294,16 @@ class LiteLLMKV(CustomLogger):
                 await h.log_failure(kwargs, response_obj)
             except Exception:
                 self._contain(h, "log_failure")
+
+
+def _freeze_startup_heap() -> None:
+    """Move every object alive after start-up (LiteLLM's model tables, modules, the router) out of the
+    collector's reach: full collections then walk only what requests create, which took tens of
+    milliseconds off the proxy's p99 (docs/performance.md)."""
+    gc.collect()
+    gc.freeze()
+    log.info("litellm-kv: start-up heap frozen (%d objects outside the garbage collector's walks)",
+             gc.get_freeze_count())
 
 
 async def _start_when_router_exists(handler: LiteLLMKV, timeout_s: float = 120.0) -> None:
