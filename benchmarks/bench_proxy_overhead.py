@@ -121,7 +121,7 @@ def scrape(proxy: Proxy) -> dict[str, float]:
     r.raise_for_status()
     out: dict[str, float] = {}
     for line in r.text.splitlines():
-        if line.startswith("litellm_kv_routing_") and not line.startswith("#"):
+        if line.startswith(("litellm_kv_routing_", "litellm_kv_gc_")):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
@@ -182,6 +182,18 @@ class Histogram:
             if abs(b - bound) < 1e-12:
                 return c / self.count if self.count else float("nan")
         return float("nan")
+
+
+def gc_pauses_over(before: dict[str, float], after: dict[str, float], le: str) -> float:
+    """Collections (any generation) longer than ``le`` seconds between two scrapes."""
+    total = 0.0
+    for k, v in after.items():
+        d = v - before.get(k, 0.0)
+        if k.startswith("litellm_kv_gc_pause_seconds_count"):
+            total += d
+        elif k.startswith("litellm_kv_gc_pause_seconds_bucket") and f'le="{le}"' in k:
+            total -= d
+    return total
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -288,6 +300,7 @@ class CellResult:
     ms: dict[str, list[float]] = field(default_factory=lambda: {"kv": [], "default": [], "engine": []})
     kv_replicas: dict[str, int] = field(default_factory=dict)
     hist: Histogram | None = None
+    gc_slow: float = 0.0  # the proxy's garbage-collection pauses over 5 ms during the cell
 
     @property
     def ratio_p50(self) -> float:
@@ -336,7 +349,9 @@ async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts,
             ms, _ = await chat(client, engine.url + "/v1/chat/completions",
                                {"model": SERVED_NAME, "messages": msgs, "max_tokens": max_tokens, "temperature": 0})
             cell.ms["engine"].append(ms)
-        cell.hist = Histogram.between(before, scrape(proxy), KV)
+        after = scrape(proxy)
+        cell.hist = Histogram.between(before, after, KV)
+        cell.gc_slow = gc_pauses_over(before, after, "0.005")
 
 
 async def warm_up(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, n: int, max_tokens: int) -> None:
@@ -393,7 +408,7 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
         "per cell, prompts prefilled on both replicas first)",
         f"{'mode':<9} {'rep':>3} {'cell':<13} {'tokens':>6}  {'kv p50':>7} {'p95':>7} {'p99':>7}  "
         f"{'dflt p50':>8} {'p95':>7} {'p99':>7}  {'p50 x':>5} {'p95 x':>5} {'Δ ms':>5}  {'engine':>6}  "
-        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'fb':>3}",
+        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'fb':>3} {'gc>5ms':>6}",
     ]
     for c in results:
         h = c.hist
@@ -404,7 +419,7 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
             f"{pct(k, .5):7.1f} {pct(k, .95):7.1f} {pct(k, .99):7.1f}  {pct(d, .5):8.1f} {pct(d, .95):7.1f} "
             f"{pct(d, .99):7.1f}  {c.ratio_p50:5.2f} {pct(k, .95) / pct(d, .95):5.2f} {c.paired_delta_ms:5.1f}  "
             f"{pct(c.ms['engine'], .5):6.1f}  {1000 * h.quantile(.5):7.2f} {1000 * h.quantile(.99):7.2f} "
-            f"{100 * h.share_within(0.005):4.0f}% {h.fallbacks:3.0f}"
+            f"{100 * h.share_within(0.005):4.0f}% {h.fallbacks:3.0f} {c.gc_slow:6.0f}"
         )
     out += ["", "Median over repeats (target: p50 ratio <= 1.15, decision p99 < 5 ms at 8K):",
             f"{'mode':<9} {'cell':<13} {'size':>5}  {'p50 ratio':>9} {'Δ ms':>6} {'decision p99 ms':>15}"]

@@ -69,3 +69,20 @@ def test_invalid_config_stops_the_proxy() -> None:
     cfg_top = {**cfg, "litellm_kv": {"mode": "embeded"}}
     with pytest.raises(RuntimeError, match=r"litellm_kv\.mode"):
         start_proxy(cfg_top, name="bad-config", timeout=90)
+
+
+def test_gc_pauses_are_timed_by_generation() -> None:
+    import gc
+
+    from prometheus_client import REGISTRY
+
+    from litellm_kv.integration.callback import watch_gc_pauses
+
+    def count() -> float:
+        return REGISTRY.get_sample_value("litellm_kv_gc_pause_seconds_count", {"generation": "2"}) or 0.0
+
+    watch_gc_pauses()
+    watch_gc_pauses()  # idempotent: one timer
+    before = count()
+    gc.collect()
+    assert count() == before + 1

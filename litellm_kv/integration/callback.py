@@ -17,6 +17,7 @@ import gc
 import importlib
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ from litellm.proxy._types import ProxyException
 from litellm_kv.config import Settings, load_settings
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
-from litellm_kv.observability import counter
+from litellm_kv.observability import counter, histogram
 
 log = logging.getLogger("litellm_kv")
 
@@ -140,6 +141,7 @@ class LiteLLMKV(CustomLogger):
                     INTERNAL_ERRORS.labels(h.name, "startup").inc()
                     log.exception("litellm-kv: %s failed to start", h.name)
             self._ready = True
+            watch_gc_pauses()
             if self.settings.freeze_startup_heap:
                 _freeze_startup_heap()
 
@@ -294,6 +296,30 @@ class LiteLLMKV(CustomLogger):
                 await h.log_failure(kwargs, response_obj)
             except Exception:
                 self._contain(h, "log_failure")
+
+
+GC_PAUSE_SECONDS = histogram(
+    "gc_pause_seconds",
+    "Garbage-collection pauses of this proxy process by generation, seconds (they stall the event loop, "
+    "LiteLLM's work and routing decisions alike; see freeze_startup_heap).",
+    ["generation"],
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+)
+_gc_started = 0.0
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    elif _gc_started:
+        GC_PAUSE_SECONDS.labels(str(info.get("generation"))).observe(time.perf_counter() - _gc_started)
+
+
+def watch_gc_pauses() -> None:
+    """Time every collection (litellm_kv_gc_pause_seconds); installed once per process."""
+    if _gc_timer not in gc.callbacks:
+        gc.callbacks.append(_gc_timer)
 
 
 def _freeze_startup_heap() -> None:

@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -112,6 +112,7 @@ class _Group:
 
     def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
                  embedded: bool, backend: str) -> None:
+        self.embedded = embedded
         self.name = name
         self.options = options
         self.fleet = Fleet(name, options, index, embedded=embedded)
@@ -424,14 +425,15 @@ class KVRoutingHandler(Handler):
             has_unhashable_media=_has_media(req.get("messages") or []),
             skip_prefix_cache=req.get("prompt_logprobs") is not None,
         )
-        # Load is read right before deciding, not overlapped with tokenization: concurrent requests must
-        # see each other's load (a snapshot taken earlier sends a burst on one hot prefix to one replica).
-        loads = await _safe_snapshot(g, candidates)
+        # Load is read after tokenizing (overlapped with the index lookup in shared mode), never before:
+        # concurrent requests must see each other's load (a snapshot taken before tokenizing sent a burst
+        # on one hot prefix to one replica).
         gauges = {
             r: EngineGauges(st.waiting, st.running, st.kv_usage)
             for r, st in g.fleet.replicas.items() if r in by_replica
         }
-        result = await g.router.decide(rreq, g.fleet.hasher(), candidates, loads, gauges, not_exact_why=why)
+        result = await g.router.decide(rreq, g.fleet.hasher(), candidates, lambda: _safe_snapshot(g, candidates),
+                                       gauges, not_exact_why=why)
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
         cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
@@ -544,7 +546,17 @@ class KVRoutingHandler(Handler):
             route.released = True
             g = self.groups.get(route.group)
             if g is not None and not route.shadow:
-                await _safe_load(g, g.load.end(cid))
+                await self._off_path(g, g.load.end(cid))
+
+    async def _off_path(self, g: _Group, update: Coroutine[Any, Any, Any]) -> None:
+        """A load update after the decision. In process it is applied at once; in Redis it is sent in the
+        background, so the response (or a stream's first chunk) does not wait a round trip for it."""
+        if g.embedded:
+            await _safe_load(g, update)
+            return
+        task = asyncio.get_running_loop().create_task(_safe_load(g, update))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):
@@ -560,7 +572,7 @@ class KVRoutingHandler(Handler):
             route.first_token = True
             g = self.groups.get(route.group)
             if g is not None:
-                await _safe_load(g, g.load.first_token(cid))
+                await self._off_path(g, g.load.first_token(cid))
         usage = _usage_get(chunk, "usage")
         if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
