@@ -118,7 +118,6 @@ class KVRouter:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
             return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
-        t0 = time.perf_counter()
         if callable(loads) and self.backend != "memory":
             found, load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
         else:
@@ -128,7 +127,6 @@ class KVRouter:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
         matches = found
         loads = load_map
-        LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
         sib = self.siblings.lookup(hashes) if hashes else {}
         cands = [
             self._candidate(r, matches.get(r, ReplicaMatch()), loads.get(r), gauges.get(r), sib.get(r, 0))
@@ -163,10 +161,13 @@ class KVRouter:
         """The index's matches, or None when the index cannot answer (the caller routes by load)."""
         if not hashes:
             return {}
+        t0 = time.perf_counter()
         try:
-            return await self.index.lookup(self.group, hashes, list(candidates))
+            matches = await self.index.lookup(self.group, hashes, list(candidates))
         except Exception:
             return None
+        LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
+        return matches
 
     def _load_only(
         self,
