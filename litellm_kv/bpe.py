@@ -124,10 +124,15 @@ class FastBPE:
             if tok.get("lstrip") or tok.get("rstrip") or tok.get("single_word"):
                 raise FastBPEUnavailable(f"added token {tok.get('content')!r} has strip/single-word rules")
         vocab: Mapping[str, int] = model.get("vocab") or {}
+        added = [str(t.get("content")) for t in spec.get("added_tokens") or []]
         to_byte = {c: b for b, c in _bytes_to_unicode().items()}
         ranks: dict[bytes, int] = {}
         try:
             for piece, rank in vocab.items():
+                # Added tokens are cut out of the text by the caller; tokenizers' BPE has no merge that
+                # makes them, so tiktoken (which merges any pair whose join has a rank) must not know them.
+                if piece in added and len(piece) > 1:
+                    continue
                 ranks[bytes(to_byte[c] for c in piece)] = int(rank)
         except KeyError as exc:
             raise FastBPEUnavailable(f"vocabulary piece outside the byte-level alphabet: {exc}") from exc
@@ -145,7 +150,6 @@ class FastBPE:
         self._enc = tiktoken.Encoding("litellm-kv-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         self.pattern = pattern
         if reference is not None:
-            added = [str(t.get("content")) for t in spec.get("added_tokens") or []]
             self._self_check(reference, [p for p in vocab if p not in added], added, sample_seed)
 
     def encode(self, text: str) -> list[int]:
