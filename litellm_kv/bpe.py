@@ -67,6 +67,10 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
+def _unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in _bytes_to_unicode().items()}
+
+
 def _pattern(pre: Any) -> str:
     if not isinstance(pre, Mapping):
         raise FastBPEUnavailable("no pre-tokenizer")
@@ -125,7 +129,7 @@ class FastBPE:
                 raise FastBPEUnavailable(f"added token {tok.get('content')!r} has strip/single-word rules")
         vocab: Mapping[str, int] = model.get("vocab") or {}
         added = [str(t.get("content")) for t in spec.get("added_tokens") or []]
-        to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+        to_byte = _unicode_to_bytes()
         ranks: dict[bytes, int] = {}
         try:
             for piece, rank in vocab.items():
@@ -159,7 +163,7 @@ class FastBPE:
 
     def _self_check(self, reference: Any, pieces: Sequence[str], added: Sequence[str], seed: int) -> None:
         rng = random.Random(seed)
-        from_unicode = {c: b for b, c in _bytes_to_unicode().items()}
+        from_unicode = _unicode_to_bytes()
         samples = list(SELF_CHECK_TEXTS)
         # Runs of the vocabulary's own pieces glued together: the inputs where two BPE orders could differ.
         for _ in range(64):

@@ -134,6 +134,8 @@ class _Group:
         self.tokenizer: LocalChatTokenizer | None = None
         self.tokenizer_state = "engine"
         self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
+        self._candidate_tokenizer: LocalChatTokenizer | None = None
+        self._spot_checks: set[asyncio.Task[None]] = set()
         self.deployment_ids: frozenset[str] = frozenset()
         self.sync_lock = asyncio.Lock()
         self.requests = 0
@@ -190,12 +192,15 @@ class _Group:
     async def _verify_local_tokenizer(self) -> None:
         assert self.options.tokenizer_path
         self.verify_pending = False
-        try:
-            tok = LocalChatTokenizer(self.options.tokenizer_path, fast_bpe=self.options.fast_bpe)
-        except Exception as exc:
-            self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
-            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
-            return
+        if self._candidate_tokenizer is None:  # loaded once, however often verification is retried
+            try:
+                self._candidate_tokenizer = LocalChatTokenizer(self.options.tokenizer_path,
+                                                               fast_bpe=self.options.fast_bpe)
+            except Exception as exc:
+                self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
+                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+                return
+        tok = self._candidate_tokenizer
         client = self._any_client()
         if client is None:
             self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
@@ -242,7 +247,10 @@ class _Group:
                 ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
                 self.requests += 1
                 if self.options.verify_every and self.requests % self.options.verify_every == 0:
-                    asyncio.get_running_loop().create_task(self._spot_check(messages, tools, add_gen, kwargs, ids))
+                    check = asyncio.get_running_loop().create_task(
+                        self._spot_check(messages, tools, add_gen, kwargs, ids))
+                    self._spot_checks.add(check)  # a task nobody references can be collected mid-flight
+                    check.add_done_callback(self._spot_checks.discard)
                 return ids, "local"
             except TemplateError:
                 pass
@@ -472,9 +480,13 @@ class KVRoutingHandler(Handler):
             g = self.groups.get(old.group)
             if g is not None and not old.released and not old.shadow:
                 # Never saw its end (lost callback): stop counting its load.
-                task = asyncio.get_running_loop().create_task(_safe_load(g, g.load.end(old_cid)))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(_safe_load(g, g.load.end(old_cid)))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, holding a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
         cid = _call_id(data)
@@ -553,10 +565,8 @@ class KVRoutingHandler(Handler):
         background, so the response (or a stream's first chunk) does not wait a round trip for it."""
         if g.embedded:
             await _safe_load(g, update)
-            return
-        task = asyncio.get_running_loop().create_task(_safe_load(g, update))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        else:
+            self._spawn(_safe_load(g, update))
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):

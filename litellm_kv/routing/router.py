@@ -119,17 +119,15 @@ class KVRouter:
         except InexactHashError:
             return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
         if callable(loads) and self.backend != "memory":
-            found, load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
+            matches, load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
         else:
             load_map = await _read(loads)
-            found = await self._lookup(hashes, candidates)
-        if found is None:
+            matches = await self._lookup(hashes, candidates)
+        if matches is None:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
-        matches = found
-        loads = load_map
         sib = self.siblings.lookup(hashes) if hashes else {}
         cands = [
-            self._candidate(r, matches.get(r, ReplicaMatch()), loads.get(r), gauges.get(r), sib.get(r, 0))
+            self._candidate(r, matches.get(r, ReplicaMatch()), load_map.get(r), gauges.get(r), sib.get(r, 0))
             for r in candidates
         ]
         d: Decision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)

@@ -27,6 +27,10 @@ from pathlib import Path
 VERSION = "tiny-qwen2-v4"
 MARKER = "litellm_kv_model_version.txt"
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # litellm_kv.bpe (stdlib only at import) from the engine venv
+
+from litellm_kv.bpe import QWEN2_PATTERN  # noqa: E402  (what transformers' Qwen2Tokenizer installs)
+
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
 
 VOCAB_SIZE = 4096
@@ -74,12 +78,6 @@ CHAT_TEMPLATE = r"""{%- macro text(content) %}
 {{- '<|im_start|>assistant\n' }}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
 {%- endif %}"""
-
-# Qwen2's pre-tokenizer split pattern (what transformers' Qwen2Tokenizer installs).
-QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-    r"""|\s+(?!\S)|\s+"""
-)
 
 _WORD_TEXT = (
     "the a an of to in for on with cache block token prefix router replica engine model request "
@@ -147,7 +145,7 @@ def build_tokenizer(out: Path) -> int:
     # verification (checked by engine_tokenizer_agrees below).
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
