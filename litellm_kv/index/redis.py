@@ -17,7 +17,9 @@ group in one slot and shards by group; scripts only touch keys of one group):
 
 Round trips: :meth:`lookup` is **one** ``EVALSHA`` for a whole prompt: the script walks the chain
 in chunks of 64 fields and stops when every replica has missed (hashes are chained, so nothing
-after a replica's first miss can hit). :meth:`apply_batch` is one ``EVALSHA`` per event batch.
+after a replica's first miss can hit); :meth:`lookup_riding` carries other read-only work of the same
+group in that script (the proxy's load snapshot, :class:`ScriptRider`), so a routing decision is one
+round trip in all. :meth:`apply_batch` is one ``EVALSHA`` per event batch.
 ``redis-py`` re-sends the script source once after a server restart (``NOSCRIPT``).
 
 Purges (engine restart, ``AllBlocksCleared``, heartbeat expiry, replica removed) are O(1): the
@@ -46,11 +48,12 @@ import contextlib
 import enum
 import logging
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch
@@ -61,6 +64,7 @@ LOOKUP_CHUNK = 64
 SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge (~11 ms of Redis time)
 log = logging.getLogger("litellm_kv")
 _U64 = (1 << 64) - 1
+T = TypeVar("T")
 
 # Shared Lua helpers, prepended to each script (Redis 7 runs Lua 5.1: no goto, no integer type).
 _PRELUDE = r"""
@@ -203,77 +207,98 @@ if seq >= 0 then last = seq end
 return {status, last, touched, purged, reannounced}
 """
 
-# KEYS: blocks, ids, names   ARGV: packed block hashes (8 bytes each), then replica filter names
-# Returns a flat list: name, gpu, cpu, storage, name, ...
-_LOOKUP = r"""
-local blocks, ids, names = KEYS[1], KEYS[2], KEYS[3]
-local packed = ARGV[1]
-local allow = nil
-if #ARGV > 1 then
-  allow = {}
-  local any = false
-  for i = 2, #ARGV do
-    local id = redis.call('HGET', ids, ARGV[i])
-    if id then allow[tonumber(id)] = true; any = true end
-  end
-  if not any then return {} end
-end
--- Replicas still matching: {id, counts per tier, the three entry prefixes to look for}.
-local active = nil
-local alive = 0
-local n = #packed / 8
-local chunk = tonumber(__CHUNK__)
-local i = 1
-local stop = false
-while i <= n and not stop do
-  local j = math.min(i + chunk - 1, n)
-  local fields = {}
-  for k = i, j do fields[k - i + 1] = string.sub(packed, 8 * k - 7, 8 * k) end
-  local vals = redis.call('HMGET', blocks, unpack(fields))
-  for k = 1, #vals do
-    local v = vals[k]
-    if not v then stop = true; break end
-    if active == nil then
-      -- First block: every replica holding it starts a match at its fastest tier.
-      local best = {}
-      for code in string.gmatch(v, ';(%d+):') do
-        code = tonumber(code)
-        local id, tier = math.floor(code / 4), code % 4
-        if (allow == nil or allow[id]) and (best[id] == nil or tier < best[id]) then best[id] = tier end
-      end
-      active = {}
-      for id, tier in pairs(best) do
-        -- A purged replica's id has no name any more; its entries await the sweep: skip them.
-        local name = redis.call('HGET', names, id)
-        if name then
-          local c = {0, 0, 0}
-          c[tier + 1] = 1
-          local b = id * 4
-          table.insert(active, {id, c, ';' .. b .. ':', ';' .. (b + 1) .. ':', ';' .. (b + 2) .. ':', true, name})
-          alive = alive + 1
-        end
-      end
-    else
-      for _, a in ipairs(active) do
-        if a[6] then
-          local c = a[2]
-          if string.find(v, a[3], 1, true) then c[1] = c[1] + 1
-          elseif string.find(v, a[4], 1, true) then c[2] = c[2] + 1
-          elseif string.find(v, a[5], 1, true) then c[3] = c[3] + 1
-          else a[6] = false; alive = alive - 1 end
-        end
-      end
+# lkv_lookup(blocks, ids, names, packed, filter): packed block hashes (8 bytes each) and the replica
+# names to consider (an empty table: all). Returns a flat list: name, gpu, cpu, storage, name, ...
+_LOOKUP_FN = r"""
+local function lkv_lookup(blocks, ids, names, packed, filter)
+  local allow = nil
+  if #filter > 0 then
+    allow = {}
+    local any = false
+    for i = 1, #filter do
+      local id = redis.call('HGET', ids, filter[i])
+      if id then allow[tonumber(id)] = true; any = true end
     end
-    if alive == 0 then stop = true; break end
+    if not any then return {} end
   end
-  i = j + 1
+  -- Replicas still matching: {id, counts per tier, the three entry prefixes to look for}.
+  local active = nil
+  local alive = 0
+  local n = #packed / 8
+  local chunk = tonumber(__CHUNK__)
+  local i = 1
+  local stop = false
+  while i <= n and not stop do
+    local j = math.min(i + chunk - 1, n)
+    local fields = {}
+    for k = i, j do fields[k - i + 1] = string.sub(packed, 8 * k - 7, 8 * k) end
+    local vals = redis.call('HMGET', blocks, unpack(fields))
+    for k = 1, #vals do
+      local v = vals[k]
+      if not v then stop = true; break end
+      if active == nil then
+        -- First block: every replica holding it starts a match at its fastest tier.
+        local best = {}
+        for code in string.gmatch(v, ';(%d+):') do
+          code = tonumber(code)
+          local id, tier = math.floor(code / 4), code % 4
+          if (allow == nil or allow[id]) and (best[id] == nil or tier < best[id]) then best[id] = tier end
+        end
+        active = {}
+        for id, tier in pairs(best) do
+          -- A purged replica's id has no name any more; its entries await the sweep: skip them.
+          local name = redis.call('HGET', names, id)
+          if name then
+            local c = {0, 0, 0}
+            c[tier + 1] = 1
+            local b = id * 4
+            table.insert(active, {id, c, ';' .. b .. ':', ';' .. (b + 1) .. ':', ';' .. (b + 2) .. ':', true, name})
+            alive = alive + 1
+          end
+        end
+      else
+        for _, a in ipairs(active) do
+          if a[6] then
+            local c = a[2]
+            if string.find(v, a[3], 1, true) then c[1] = c[1] + 1
+            elseif string.find(v, a[4], 1, true) then c[2] = c[2] + 1
+            elseif string.find(v, a[5], 1, true) then c[3] = c[3] + 1
+            else a[6] = false; alive = alive - 1 end
+          end
+        end
+      end
+      if alive == 0 then stop = true; break end
+    end
+    i = j + 1
+  end
+  local out = {}
+  for _, a in ipairs(active or {}) do
+    table.insert(out, a[7]); table.insert(out, a[2][1]); table.insert(out, a[2][2]); table.insert(out, a[2][3])
+  end
+  return out
 end
-local out = {}
-for _, a in ipairs(active or {}) do
-  table.insert(out, a[7]); table.insert(out, a[2][1]); table.insert(out, a[2][2]); table.insert(out, a[2][3])
-end
-return out
 """.replace("__CHUNK__", str(LOOKUP_CHUNK))
+
+# KEYS: blocks, ids, names   ARGV: packed block hashes, then replica filter names
+_LOOKUP = _LOOKUP_FN + r"""
+local filter = {}
+for i = 2, #ARGV do filter[i - 1] = ARGV[i] end
+return lkv_lookup(KEYS[1], KEYS[2], KEYS[3], ARGV[1], filter)
+"""
+
+# The lookup with a rider (see ScriptRider). KEYS: blocks, ids, names, then the rider's keys.
+# ARGV: packed hashes, n = number of filter names, the n names, then the rider's args.
+# Returns {lookup's flat list, rider's result}.
+_LOOKUP_RIDING = r"""
+local filter = {}
+local n = tonumber(ARGV[2])
+for i = 1, n do filter[i] = ARGV[2 + i] end
+local rkeys, rargs = {}, {}
+for i = 4, #KEYS do rkeys[i - 3] = KEYS[i] end
+for i = 3 + n, #ARGV do rargs[i - 2 - n] = ARGV[i] end
+local m = lkv_lookup(KEYS[1], KEYS[2], KEYS[3], ARGV[1], filter)
+return {m, rider(rkeys, rargs)}
+"""
 
 # KEYS: ids, names, hb, streams, retired   ARGV: rev_prefix, replica, forget_streams (0/1)
 # Purge and (optionally) forget the replica's stream positions atomically, so no batch can land
@@ -397,6 +422,28 @@ def group_tag(group: str) -> str:
     return group.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
+def group_key_prefix(group: str) -> str:
+    """``lkv:{<group>}:``: every key of a group starts so (one Redis Cluster slot per group)."""
+    return f"{KEY_PREFIX}:{{{group_tag(group)}}}:"
+
+
+@dataclass(slots=True, frozen=True)
+class ScriptRider(Generic[T]):
+    """Read-only Lua work that rides along in another script's round trip (:meth:`RedisIndex.lookup_riding`).
+
+    ``lua`` defines ``local function rider(keys, args)`` and returns a Redis reply; ``keys`` must be in the
+    carrying script's cluster slot (start them with :func:`group_key_prefix`); ``decode`` turns the reply
+    into the rider's value, and ``fallback`` gives the value to use when the round trip failed. The same
+    work alone is ``lua + "return rider(KEYS, ARGV)"``.
+    """
+
+    lua: str
+    keys: tuple[str, ...]
+    args: tuple[bytes | str | int | float, ...]
+    decode: Callable[[Any], T]
+    fallback: Callable[[], T]
+
+
 @dataclass(slots=True, frozen=True)
 class _GroupKeys:
     blocks: str
@@ -409,7 +456,7 @@ class _GroupKeys:
 
     @classmethod
     def of(cls, group: str) -> _GroupKeys:
-        base = f"{KEY_PREFIX}:{{{group_tag(group)}}}:"
+        base = group_key_prefix(group)
         return cls(base + "blocks", base + "ids", base + "names", base + "hb", base + "streams", base + "rev:",
                    base + "retired")
 
@@ -458,6 +505,7 @@ class RedisIndex:
         )
         self._apply = self.client.register_script(_APPLY)
         self._lookup = self.client.register_script(_LOOKUP)
+        self._riding: dict[str, AsyncScript] = {}  # rider Lua -> the lookup script carrying it
         self._purge = self.client.register_script(_PURGE)
         self._heartbeat = self.client.register_script(_HEARTBEAT)
         self._expire = self.client.register_script(_EXPIRE)
@@ -613,6 +661,27 @@ class RedisIndex:
         for i in range(0, len(flat), 4):
             out[_text(flat[i])] = ReplicaMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]))
         return out
+
+    async def lookup_riding(
+        self, group: str, block_hashes: Sequence[int], replicas: Sequence[str] | None, rider: ScriptRider[T]
+    ) -> tuple[dict[str, ReplicaMatch], T]:
+        """:meth:`lookup` and ``rider`` in one script: one round trip for both (the router reads the
+        shared load so). Without hashes only the rider runs."""
+        script = self._riding.get(rider.lua)
+        if script is None:
+            if len(self._riding) >= 8:
+                self._riding.clear()
+            script = self._riding[rider.lua] = self.client.register_script(_LOOKUP_FN + rider.lua + _LOOKUP_RIDING)
+        k = self._k(group)
+        names = list(replicas or ())
+        args: list[Any] = [_pack(block_hashes), len(names), *names, *rider.args]
+        self.round_trips += 1
+        flat, raw = await script(keys=[k.blocks, k.ids, k.names, *rider.keys], args=args)
+        out: dict[str, ReplicaMatch] = {}
+        if replicas is None or names:
+            for i in range(0, len(flat), 4):
+                out[_text(flat[i])] = ReplicaMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]))
+        return out, rider.decode(raw)
 
     async def replica_entries(self, group: str) -> dict[str, int]:
         """Replicas of a group (with entries or a live heartbeat) and their entry counts."""

@@ -87,7 +87,7 @@ SHADOW_TOKENS = counter(
 LOAD_ERRORS = counter(
     "load_store_errors",
     "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
-    "the scraped engine gauges only.",
+    "this proxy's own counts and the scraped engine gauges, and failed writes are retried.",
     ["model_group"],
 )
 
@@ -128,7 +128,8 @@ class _Group:
         else:
             import redis.asyncio as aioredis
 
-            self.load = RedisLoadTracker(aioredis.Redis.from_url(str(redis_url)), load_cfg)
+            client = aioredis.Redis.from_url(str(redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
+            self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc())
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.tokenizer: LocalChatTokenizer | None = None
@@ -175,6 +176,8 @@ class _Group:
         for task in [*self._tasks, self._heartbeat]:
             if task is not None:
                 task.cancel()
+        if isinstance(self.load, RedisLoadTracker):
+            await self.load.close()
         await self.fleet.stop()
 
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -433,15 +436,16 @@ class KVRoutingHandler(Handler):
             has_unhashable_media=_has_media(req.get("messages") or []),
             skip_prefix_cache=req.get("prompt_logprobs") is not None,
         )
-        # Load is read after tokenizing (overlapped with the index lookup in shared mode), never before:
+        # Load is read after tokenizing (in shared mode in the index lookup's round trip), never before:
         # concurrent requests must see each other's load (a snapshot taken before tokenizing sent a burst
         # on one hot prefix to one replica).
         gauges = {
             r: EngineGauges(st.waiting, st.running, st.kv_usage)
             for r, st in g.fleet.replicas.items() if r in by_replica
         }
+        rider = g.load.snapshot_rider(g.name, candidates) if isinstance(g.load, RedisLoadTracker) else None
         result = await g.router.decide(rreq, g.fleet.hasher(), candidates, lambda: _safe_snapshot(g, candidates),
-                                       gauges, not_exact_why=why)
+                                       gauges, not_exact_why=why, load_rider=rider)
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
         cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
@@ -459,12 +463,9 @@ class KVRoutingHandler(Handler):
             DECISIONS.labels(model_group, "shadow").inc()
             DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
             return None
-        try:
-            await g.load.begin(model_group, result.replica, cid,
-                               max(0, result.prompt_tokens - result.predicted_hit_tokens))
-        except Exception:
-            LOAD_ERRORS.labels(model_group).inc()
-        # Measured to here: in shared mode the load write is on the request path too.
+        # Counted in process at once; in shared mode published to Redis in the background (RedisLoadTracker).
+        await _safe_load(g, g.load.begin(model_group, result.replica, cid,
+                                         max(0, result.prompt_tokens - result.predicted_hit_tokens)))
         DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
         return [chosen]
 
@@ -558,15 +559,7 @@ class KVRoutingHandler(Handler):
             route.released = True
             g = self.groups.get(route.group)
             if g is not None and not route.shadow:
-                await self._off_path(g, g.load.end(cid))
-
-    async def _off_path(self, g: _Group, update: Coroutine[Any, Any, Any]) -> None:
-        """A load update after the decision. In process it is applied at once; in Redis it is sent in the
-        background, so the response (or a stream's first chunk) does not wait a round trip for it."""
-        if g.embedded:
-            await _safe_load(g, update)
-        else:
-            self._spawn(_safe_load(g, update))
+                await _safe_load(g, g.load.end(cid))
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):
@@ -582,7 +575,7 @@ class KVRoutingHandler(Handler):
             route.first_token = True
             g = self.groups.get(route.group)
             if g is not None:
-                await self._off_path(g, g.load.first_token(cid))
+                await _safe_load(g, g.load.first_token(cid))
         usage = _usage_get(chunk, "usage")
         if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
@@ -633,13 +626,14 @@ class KVRoutingHandler(Handler):
         return out
 
 
-async def _safe_snapshot(g: _Group, candidates: list[str]) -> dict[str, Any]:
-    """Router-tracked load; when the shared store (Redis) is down, decide on scraped gauges alone."""
+async def _safe_snapshot(g: _Group, candidates: list[str]) -> Mapping[str, Any]:
+    """Router-tracked load; when the shared store (Redis) is down, this proxy's own counts and the
+    scraped gauges."""
     try:
         return await g.load.snapshot(g.name, candidates)
     except Exception:
         LOAD_ERRORS.labels(g.name).inc()
-        return {}
+        return g.load.local_snapshot(g.name, candidates)
 
 
 async def _safe_load(g: _Group, op: Any) -> None:

@@ -11,9 +11,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from litellm_kv.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
 from litellm_kv.index.base import KVIndex, ReplicaMatch
+from litellm_kv.index.redis import ScriptRider
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, Decision
 from litellm_kv.routing.load import TrackedLoad
@@ -98,9 +100,13 @@ class KVRouter:
         gauges: dict[str, EngineGauges],
         *,
         not_exact_why: str = "",
+        load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
     ) -> RoutingResult:
         """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible,
-        overlapped with the index lookup when the index is remote (one Redis round trip fewer)."""
+        overlapped with the index lookup when the index is remote. With ``load_rider`` (shared mode) and an
+        index that can carry it, the load is read in the lookup's own round trip instead and ``loads`` is
+        not read; when that round trip fails, the rider's fallback value is used (the Redis load tracker's:
+        this proxy's own counts)."""
         L = len(request.token_ids)
         if not candidates:
             raise ValueError("no candidate replicas")
@@ -118,11 +124,15 @@ class KVRouter:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
             return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
-        if callable(loads) and self.backend != "memory":
-            matches, load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
+        riding = getattr(self.index, "lookup_riding", None) if hashes else None
+        if riding is not None and load_rider is not None:
+            matches, ridden = await self._lookup(hashes, candidates, riding, load_rider)
+            load_map = ridden if ridden is not None else load_rider.fallback()
+        elif callable(loads) and self.backend != "memory":
+            (matches, _), load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
         else:
             load_map = await _read(loads)
-            matches = await self._lookup(hashes, candidates)
+            matches, _ = await self._lookup(hashes, candidates)
         if matches is None:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
         sib = self.siblings.lookup(hashes) if hashes else {}
@@ -155,17 +165,23 @@ class KVRouter:
             sibling_blocks=sibling_blocks, recent_prefill_tokens=ld.recent_tokens,
         )
 
-    async def _lookup(self, hashes: list[int], candidates: Sequence[str]) -> dict[str, ReplicaMatch] | None:
-        """The index's matches, or None when the index cannot answer (the caller routes by load)."""
+    async def _lookup(
+        self, hashes: list[int], candidates: Sequence[str], riding: Any = None, rider: ScriptRider[Any] | None = None,
+    ) -> tuple[dict[str, ReplicaMatch] | None, Any]:
+        """The index's matches, or None when the index cannot answer (the caller routes by load); with a
+        rider (``riding`` is the index's ``lookup_riding``), the rider's value too (None on failure)."""
         if not hashes:
-            return {}
+            return {}, None
         t0 = time.perf_counter()
         try:
-            matches = await self.index.lookup(self.group, hashes, list(candidates))
+            if riding is not None:
+                matches, ridden = await riding(self.group, hashes, list(candidates), rider)
+            else:
+                matches, ridden = await self.index.lookup(self.group, hashes, list(candidates)), None
         except Exception:
-            return None
+            return None, None
         LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
-        return matches
+        return matches, ridden
 
     def _load_only(
         self,
