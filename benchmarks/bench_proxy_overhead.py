@@ -6,6 +6,10 @@ Every prompt is sent through both groups, interleaved (the order alternates pair
 ``max_tokens`` small. To make the engines' work identical for both groups, each prompt is first
 prefilled on *both* replicas directly (not through the proxy): both requests of a pair then hit the
 prefix cache whichever replica they land on, and the latency difference is the routing overhead.
+Each measured request starts ``--settle-ms`` (50) after the previous one ended: the prefill stores
+every block of the prompt on both replicas at once, and applying those KV events (in the proxy in
+embedded mode, in the indexer and Redis in shared mode) would otherwise coincide with every measured
+request on a 2-core machine — a burst the set-up makes, not the request (``--settle-ms 0`` keeps it).
 A third request per pair goes straight to an engine (no proxy) for scale.
 
 Cells: 1K- and 8K-token prompts, each as ``first`` (a new conversation: the proxy has never seen
@@ -121,7 +125,7 @@ def scrape(proxy: Proxy) -> dict[str, float]:
     r.raise_for_status()
     out: dict[str, float] = {}
     for line in r.text.splitlines():
-        if line.startswith(("litellm_kv_routing_", "litellm_kv_gc_")):
+        if line.startswith(("litellm_kv_routing_", "litellm_kv_gc_", "litellm_kv_index_lookup_")):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
@@ -139,7 +143,8 @@ class Histogram:
     by_reason: dict[str, float]
 
     @classmethod
-    def between(cls, before: dict[str, float], after: dict[str, float], group: str) -> Histogram:
+    def between(cls, before: dict[str, float], after: dict[str, float], group: str,
+                metric: str = "litellm_kv_routing_decision_seconds") -> Histogram:
         delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
         buckets: dict[float, float] = {}
         count = total = fallbacks = 0.0
@@ -147,13 +152,13 @@ class Histogram:
         for k, v in delta.items():
             if f'model_group="{group}"' not in k:
                 continue
-            if k.startswith("litellm_kv_routing_decision_seconds_bucket"):
+            if k.startswith(metric + "_bucket"):
                 le = k.split('le="', 1)[1].split('"', 1)[0]
                 bound = float("inf") if le == "+Inf" else float(le)
                 buckets[bound] = buckets.get(bound, 0.0) + v  # summed over tokenizer paths
-            elif k.startswith("litellm_kv_routing_decision_seconds_count"):
+            elif k.startswith(metric + "_count"):
                 count += v
-            elif k.startswith("litellm_kv_routing_decision_seconds_sum"):
+            elif k.startswith(metric + "_sum"):
                 total += v
             elif k.startswith("litellm_kv_routing_fallbacks_total"):
                 fallbacks += v
@@ -300,6 +305,7 @@ class CellResult:
     ms: dict[str, list[float]] = field(default_factory=lambda: {"kv": [], "default": [], "engine": []})
     kv_replicas: dict[str, int] = field(default_factory=dict)
     hist: Histogram | None = None
+    lookup: Histogram | None = None  # litellm_kv_index_lookup_seconds (the index round trip, in the decision)
     gc_slow: float = 0.0  # the proxy's garbage-collection pauses over 5 ms during the cell
 
     @property
@@ -329,7 +335,7 @@ async def prefill_everywhere(client: httpx.AsyncClient, engines: list[EngineRepl
 
 
 async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, cell: CellResult,
-                   n: int, max_tokens: int) -> None:
+                   n: int, max_tokens: int, settle_s: float = 0.0) -> None:
     items = prompts.cell(cell.shape, cell.size, n)
     url = f"{proxy.url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=180) as client:
@@ -339,6 +345,7 @@ async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts,
             await prefill_everywhere(client, engines, msgs)
             order = [KV, DEFAULT] if i % 2 == 0 else [DEFAULT, KV]
             for group in order:
+                await asyncio.sleep(settle_s)
                 body = {"model": group, "messages": msgs, "max_tokens": max_tokens, "temperature": 0}
                 ms, r = await chat(client, url, body, HEADERS)
                 cell.ms["kv" if group == KV else "default"].append(ms)
@@ -351,13 +358,15 @@ async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts,
             cell.ms["engine"].append(ms)
         after = scrape(proxy)
         cell.hist = Histogram.between(before, after, KV)
+        cell.lookup = Histogram.between(before, after, KV, "litellm_kv_index_lookup_seconds")
         cell.gc_slow = gc_pauses_over(before, after, "0.005")
 
 
-async def warm_up(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, n: int, max_tokens: int) -> None:
+async def warm_up(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, n: int, max_tokens: int,
+                  settle_s: float) -> None:
     """Not measured: LiteLLM's first requests per group, connection pools, the proxy's code paths."""
     scratch = CellResult("warm-up", -1, "first", 1024)
-    await run_cell(proxy, engines, prompts, scratch, n, max_tokens)
+    await run_cell(proxy, engines, prompts, scratch, n, max_tokens, settle_s)
 
 
 def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argparse.Namespace,
@@ -376,14 +385,16 @@ def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argp
         stack.callback(proxy.stop)
         state = wait_exact(proxy, args.tokenizer)
         print(f"[{mode}] proxy ready: KV group exact, tokenizer {state['tokenizer']}", flush=True)
-        asyncio.run(warm_up(proxy, engines, Prompts(model_dir, seed=999), args.warmup, args.max_tokens))
+        asyncio.run(warm_up(proxy, engines, Prompts(model_dir, seed=999), args.warmup, args.max_tokens,
+                                    args.settle_ms / 1000))
         for rep in range(args.repeat):
             prompts = Prompts(model_dir, seed=1000 * rep + (0 if mode == "embedded" else 500))
             for size in sizes:
                 for shape in ("first", "conversation"):
                     cell = CellResult(mode, rep, shape, size)
                     t0 = time.monotonic()
-                    asyncio.run(run_cell(proxy, engines, prompts, cell, args.requests, args.max_tokens))
+                    asyncio.run(run_cell(proxy, engines, prompts, cell, args.requests, args.max_tokens,
+                                                 args.settle_ms / 1000))
                     results.append(cell)
                     print(f"[{mode}] repeat {rep} {shape:<12} {size:>5}: " + line(cell)
                           + f"  ({time.monotonic() - t0:.0f}s)", flush=True)
@@ -401,14 +412,18 @@ def line(c: CellResult) -> str:
             f"fallbacks {h.fallbacks:.0f}")
 
 
+def _ms(h: Histogram | None, q: float) -> str:
+    return "-" if h is None or h.count <= 0 else f"{1000 * h.quantile(q):.2f}"
+
+
 def report(results: list[CellResult], args: argparse.Namespace) -> str:
     out = [
         "",
         f"Client latency in ms (non-streaming, max_tokens={args.max_tokens}, {args.requests} requests per group "
-        "per cell, prompts prefilled on both replicas first)",
+        f"per cell, prompts prefilled on both replicas first, {args.settle_ms:g} ms settle before each request)",
         f"{'mode':<9} {'rep':>3} {'cell':<13} {'tokens':>6}  {'kv p50':>7} {'p95':>7} {'p99':>7}  "
         f"{'dflt p50':>8} {'p95':>7} {'p99':>7}  {'p50 x':>5} {'p95 x':>5} {'Δ ms':>5}  {'engine':>6}  "
-        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'fb':>3} {'gc>5ms':>6}",
+        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'lk p50':>6} {'lk p99':>6} {'fb':>3} {'gc>5ms':>6}",
     ]
     for c in results:
         h = c.hist
@@ -419,7 +434,8 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
             f"{pct(k, .5):7.1f} {pct(k, .95):7.1f} {pct(k, .99):7.1f}  {pct(d, .5):8.1f} {pct(d, .95):7.1f} "
             f"{pct(d, .99):7.1f}  {c.ratio_p50:5.2f} {pct(k, .95) / pct(d, .95):5.2f} {c.paired_delta_ms:5.1f}  "
             f"{pct(c.ms['engine'], .5):6.1f}  {1000 * h.quantile(.5):7.2f} {1000 * h.quantile(.99):7.2f} "
-            f"{100 * h.share_within(0.005):4.0f}% {h.fallbacks:3.0f} {c.gc_slow:6.0f}"
+            f"{100 * h.share_within(0.005):4.0f}% {_ms(c.lookup, .5):>6} {_ms(c.lookup, .99):>6} "
+            f"{h.fallbacks:3.0f} {c.gc_slow:6.0f}"
         )
     out += ["", "Median over repeats (target: p50 ratio <= 1.15, decision p99 < 5 ms at 8K):",
             f"{'mode':<9} {'cell':<13} {'size':>5}  {'p50 ratio':>9} {'Δ ms':>6} {'decision p99 ms':>15}"]
@@ -442,6 +458,9 @@ def main() -> int:
     ap.add_argument("--modes", default="embedded,shared")
     ap.add_argument("--sizes", default="1024,8192")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--settle-ms", type=float, default=50.0,
+                    help="pause before each measured request, so the KV events of the set-up's prefill (and of "
+                         "the previous request) are applied before it, not during it; 0 measures with them")
     ap.add_argument("--kv-cache-bytes", default="96M", help="per replica (32 KiB per 32-token block)")
     ap.add_argument("--tokenizer", choices=["auto", "engine"], default="auto",
                     help="the KV group's tokenizer option (auto: the local tokenizer, verified at start-up)")
