@@ -19,23 +19,13 @@ strict about when it accepts a model, and checks itself:
 
 Anything refused uses ``tokenizers`` as before. Either way the chat tokenizer above this module is
 still verified against the engine's ``/tokenize`` at start-up and on sampled live requests.
-
-**Long texts in two halves at once.** tiktoken releases the GIL while it encodes, so a text of
-``parallel_min_chars`` or more (8K characters, ~2K tokens) is cut in two and the second half is encoded
-on a worker thread while this thread encodes the first. The cut is a single space between two letters
-(:func:`split_point`): in every pattern of :data:`KNOWN_PATTERNS` a letter run ends there and the next
-piece starts there, and no pattern looks behind, so the two halves give exactly the ids of the whole
-(checked at load and by the differential tests). No such space near the middle: no cut.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import threading
 import unicodedata
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 # Pre-tokenizer split patterns whose alternatives together match every character.
@@ -58,37 +48,6 @@ SELF_CHECK_TEXTS = (
     "   leading and trailing   \n \n  \t\n",
     '{"name": "get_weather", "arguments": {"city": "Paris"}} [1, 2, 3] <tag attr="v"/>',
 )
-
-
-PARALLEL_MIN_CHARS = 8192  # shorter texts: the thread hand-off (~60 µs) costs about what it saves
-_SPLIT_WINDOW = 4096  # how far from the middle a cut is looked for
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _worker() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="litellm-kv-bpe")
-    return _pool
-
-
-def split_point(text: str) -> int:
-    """An index near the middle of ``text`` where it can be cut and each part encoded alone with the
-    same ids: a space with an ASCII letter on both sides (ASCII, so no Unicode-version question about
-    what is a letter). -1 if none lies within a few thousand characters after the middle."""
-    n = len(text)
-    mid = n // 2
-    i = text.find(" ", mid, min(n - 1, mid + _SPLIT_WINDOW))
-    while i > 0:
-        a, b = text[i - 1], text[i + 1]
-        if a.isascii() and a.isalpha() and b.isascii() and b.isalpha():
-            return i
-        i = text.find(" ", i + 1, min(n - 1, mid + _SPLIT_WINDOW))
-    return -1
 
 
 class FastBPEUnavailable(Exception):
@@ -150,12 +109,9 @@ def _normalizer(norm: Any) -> bool:
 class FastBPE:
     """Ids of plain text (no added tokens in it) for one byte-level BPE ``tokenizer.json``."""
 
-    def __init__(self, spec: Mapping[str, Any], reference: Any = None, sample_seed: int = 0,
-                 parallel_min_chars: int | None = None) -> None:
+    def __init__(self, spec: Mapping[str, Any], reference: Any = None, sample_seed: int = 0) -> None:
         """``spec``: the parsed ``tokenizer.json``. ``reference``: its ``tokenizers.Tokenizer``, for
-        the self-check (skipped when None; callers that encode for real always pass it).
-        ``parallel_min_chars``: texts this long are encoded in two halves at once (0: never; default
-        :data:`PARALLEL_MIN_CHARS` on a machine with 2 or more CPUs)."""
+        the self-check (skipped when None; callers that encode for real always pass it)."""
         import tiktoken
 
         model = spec.get("model") or {}
@@ -197,22 +153,12 @@ class FastBPE:
             previous = made
         self._enc = tiktoken.Encoding("litellm-kv-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
         self.pattern = pattern
-        if parallel_min_chars is None:
-            parallel_min_chars = PARALLEL_MIN_CHARS if (os.cpu_count() or 1) >= 2 else 0
-        self.parallel_min_chars = parallel_min_chars
         if reference is not None:
             self._self_check(reference, [p for p in vocab if p not in added], added, sample_seed)
 
     def encode(self, text: str) -> list[int]:
         if self.nfc and not unicodedata.is_normalized("NFC", text):
             text = unicodedata.normalize("NFC", text)
-        if self.parallel_min_chars and len(text) >= self.parallel_min_chars:
-            cut = split_point(text)
-            if cut > 0:
-                tail = _worker().submit(self._enc.encode_ordinary, text[cut:])
-                head = self._enc.encode_ordinary(text[:cut])
-                head += tail.result()
-                return head
         return self._enc.encode_ordinary(text)
 
     def _self_check(self, reference: Any, pieces: Sequence[str], added: Sequence[str], seed: int) -> None:
@@ -223,14 +169,9 @@ class FastBPE:
         for _ in range(64):
             raw = b"".join(bytes(from_unicode[c] for c in rng.choice(pieces)) for _ in range(rng.randint(4, 64)))
             samples.append(raw.decode("utf-8", "replace"))
-        plain = [t for t in samples if not any(a in t for a in added)]  # the caller cuts added tokens out
-        for text in plain:
+        for text in samples:
+            if any(a in text for a in added):
+                continue  # the caller splits added tokens out before encoding
             want = reference.encode(text, add_special_tokens=False).ids
             if self.encode(text) != want:
                 raise FastBPEUnavailable(f"self-check differs from tokenizers on {text[:40]!r}")
-        if self.parallel_min_chars:
-            long = " and ".join(plain)
-            while len(long) < self.parallel_min_chars:
-                long = f"{long} and {long}"
-            if self.encode(long) != reference.encode(long, add_special_tokens=False).ids:
-                raise FastBPEUnavailable("self-check: a long text encoded in two halves differs from tokenizers")

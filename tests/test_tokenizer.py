@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from litellm_kv.bpe import KNOWN_PATTERNS, FastBPE, FastBPEUnavailable, split_point
+from litellm_kv.bpe import KNOWN_PATTERNS, FastBPE, FastBPEUnavailable
 from litellm_kv.engine import EngineClient
 from litellm_kv.tokenization import VERIFY_SAMPLES, LocalChatTokenizer
 
@@ -71,35 +71,6 @@ def test_fast_bpe_equals_tokenizers(engine_model: Path, pattern: str) -> None:
     assert len(texts) > 2500
     differing = [t for t in texts if fast.encode(t) != reference.encode(t, add_special_tokens=False).ids]
     assert not differing, f"{len(differing)} of {len(texts)} texts differ, first {differing[0]!r}"
-
-
-@pytest.mark.parametrize("pattern", sorted(KNOWN_PATTERNS))
-def test_long_texts_encoded_in_two_halves_equal_tokenizers(engine_model: Path, pattern: str) -> None:
-    """Texts over parallel_min_chars are cut at a space between ASCII letters and encoded on two threads:
-    the ids must be those of the whole text, for fuzz texts glued at many kinds of joints."""
-    spec = _with_pattern(_spec(engine_model), pattern)
-    reference = Tokenizer.from_str(json.dumps(spec))
-    fast = FastBPE(spec, reference=reference, parallel_min_chars=64)
-    whole = FastBPE(spec, parallel_min_chars=0)
-    rng = random.Random(7)
-    pieces = _fuzz_texts(reference, spec, 600, seed=11)
-    joints = [" a ", "a b", "ab cd", " ", "x\n y", "I'm here", "1 a", "é a", "a  b"]
-    cut_somewhere = 0
-    for _ in range(200):
-        text = "".join(rng.choice(pieces) + rng.choice(joints) for _ in range(rng.randint(2, 12)))
-        if len(text) < 64:
-            continue
-        cut_somewhere += split_point(text) > 0
-        want = reference.encode(text, add_special_tokens=False).ids
-        assert fast.encode(text) == want, text
-        assert whole.encode(text) == want
-    assert cut_somewhere > 100  # the two-halves path was taken, not only the fallback
-
-
-def test_split_point_is_a_space_between_ascii_letters() -> None:
-    assert split_point("a" * 10 + " b" + "c" * 2) == 10  # looked for from the middle on
-    for text in ["中" * 100, "a" * 100, "a " * 2 + "1" * 50, "é é" * 40, "a  b" * 30]:
-        assert split_point(text) == -1, text
 
 
 def _refused(spec: dict[str, Any], reference: Any = None) -> str:
