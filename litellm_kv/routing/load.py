@@ -286,7 +286,11 @@ class RedisLoadTracker:
     # -- this proxy's requests: local at once, published in the background ---------------------------------
     def _touch(self, group: str, replica: str) -> None:
         self._dirty.setdefault(group, set()).add(replica)
-        if self._writer is None or self._writer.done():
+        self._kick()
+
+    def _kick(self) -> None:
+        """Start the background writer if changes wait and it is not running."""
+        if self._dirty and (self._writer is None or self._writer.done()):
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -346,6 +350,7 @@ class RedisLoadTracker:
         """Wait until every change made so far is published, or a write failed (it is then retried in the
         background every ``retry_s``)."""
         errors = self.write_errors
+        self._kick()
         while self._writer is not None and not self._writer.done() and self.write_errors == errors:
             self._progress.clear()
             await self._progress.wait()
@@ -354,8 +359,7 @@ class RedisLoadTracker:
         """Renew this proxy's liveness in each group (call every ttl_s / 3 or so)."""
         for g in groups:
             await self._write(g, set())
-        if self._dirty and (self._writer is None or self._writer.done()):
-            self._writer = asyncio.get_running_loop().create_task(self._publish())
+        self._kick()
 
     async def close(self) -> None:
         """Stop the background writer (pending changes are dropped; the fields fade after ``ttl_s``)."""
