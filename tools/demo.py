@@ -91,9 +91,9 @@ async def main_async(args: argparse.Namespace) -> int:
         proxy = start_proxy(proxy_config(replicas, str(r0.model_dir)), name="demo-proxy")
         proxy.wait_kv_exact(KV_GROUP)
         names = {f"{g}-replica-{i}": f"r{i}" for g in (KV_GROUP, DEFAULT_GROUP) for i in range(len(replicas))}
-        # Each routing runs twice, in A-B-B-A order, with the caches reset before every run: on this machine
-        # whichever run comes later is slower (measured: the same routing's mean latency moved ~1.4-1.8x with
-        # its position), so a single A-B pair would credit the order to the routing.
+        # Each routing runs twice, in A-B-B-A order, with the caches reset before every run: on this machine a
+        # run's latency depends on its position (measured: simple-shuffle's mean was 240 ms run first and 568 ms
+        # run second), so a single A-B pair can credit the order to the routing.
         labels = {DEFAULT_GROUP: "LiteLLM simple-shuffle", KV_GROUP: "litellm-kv (embedded)"}
         runs: dict[str, list[RunStats]] = {DEFAULT_GROUP: [], KV_GROUP: []}
         for n, group in enumerate((DEFAULT_GROUP, KV_GROUP, KV_GROUP, DEFAULT_GROUP), 1):
