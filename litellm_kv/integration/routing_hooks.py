@@ -112,7 +112,6 @@ class _Group:
 
     def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
                  embedded: bool, backend: str) -> None:
-        self.embedded = embedded
         self.name = name
         self.options = options
         self.fleet = Fleet(name, options, index, embedded=embedded)

@@ -124,6 +124,10 @@ class InMemoryLoadTracker:
         load.prefill_tokens += prefill_tokens
         self._recent.setdefault(key, _Decay()).add(self._clock(), self._rate, prefill_tokens)
 
+    def replicas(self, group: str) -> set[str]:
+        """Replicas of ``group`` this tracker has ever counted a request on."""
+        return {r for g, r in self._load if g == group}
+
     def where(self, request_id: str) -> tuple[str, str] | None:
         """(group, replica) of a request in flight, or None."""
         f = self._flights.get(request_id)
@@ -271,7 +275,6 @@ class RedisLoadTracker:
         self._write_script = client.register_script(_WRITE)
         self._snapshot_script = client.register_script(_SNAPSHOT_RIDER + "return rider(KEYS, ARGV)")
         self._own = InMemoryLoadTracker(self.cfg)
-        self._published: dict[str, set[str]] = {}  # group -> replicas this proxy has fields for
         self._dirty: dict[str, set[str]] = {}  # group -> replicas whose counts changed since published
         self._writer: asyncio.Task[None] | None = None
         self._progress = asyncio.Event()  # set when a write attempt ends (for flush)
@@ -339,12 +342,11 @@ class RedisLoadTracker:
         args: list[Any] = [self.proxy_id, self.cfg.ttl_s]
         for replica, load in self._own.snapshot_sync(group, sorted(replicas)).items():
             args += [replica, load.prefill_tokens, load.decode, repr(load.recent_tokens)]
-        published = self._published.setdefault(group, set())
-        published.update(replicas)
         was_alive = await self._write_script(keys=list(self._keys(group)), args=args)
-        if not int(was_alive) and published - replicas:
+        rest = self._own.replicas(group) - replicas  # the other replicas this proxy has fields for
+        if not int(was_alive) and rest:
             # Our other fields may have been deleted while we counted as dead: publish them again.
-            self._dirty.setdefault(group, set()).update(published - replicas)
+            self._dirty.setdefault(group, set()).update(rest)
 
     async def flush(self) -> None:
         """Wait until every change made so far is published, or a write failed (it is then retried in the

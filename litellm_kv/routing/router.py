@@ -7,7 +7,6 @@ the decision into a load-only one with a named reason (never a wrong prediction 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,11 +101,10 @@ class KVRouter:
         not_exact_why: str = "",
         load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
     ) -> RoutingResult:
-        """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible,
-        overlapped with the index lookup when the index is remote. With ``load_rider`` (shared mode) and an
-        index that can carry it, the load is read in the lookup's own round trip instead and ``loads`` is
-        not read; when that round trip fails, the rider's fallback value is used (the Redis load tracker's:
-        this proxy's own counts)."""
+        """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible.
+        With ``load_rider`` (shared mode) and an index that can carry it, the load is read in the lookup's
+        own round trip instead and ``loads`` is not read; when that round trip fails, the rider's fallback
+        value is used (the Redis load tracker's: this proxy's own counts)."""
         L = len(request.token_ids)
         if not candidates:
             raise ValueError("no candidate replicas")
@@ -124,12 +122,9 @@ class KVRouter:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
             return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
-        riding = getattr(self.index, "lookup_riding", None) if hashes else None
-        if riding is not None and load_rider is not None:
-            matches, ridden = await self._lookup(hashes, candidates, riding, load_rider)
+        if load_rider is not None and hashes and hasattr(self.index, "lookup_riding"):
+            matches, ridden = await self._lookup(hashes, candidates, load_rider)
             load_map = ridden if ridden is not None else load_rider.fallback()
-        elif callable(loads) and self.backend != "memory":
-            (matches, _), load_map = await asyncio.gather(self._lookup(hashes, candidates), loads())
         else:
             load_map = await _read(loads)
             matches, _ = await self._lookup(hashes, candidates)
@@ -166,16 +161,17 @@ class KVRouter:
         )
 
     async def _lookup(
-        self, hashes: list[int], candidates: Sequence[str], riding: Any = None, rider: ScriptRider[Any] | None = None,
+        self, hashes: list[int], candidates: Sequence[str], rider: ScriptRider[Any] | None = None,
     ) -> tuple[dict[str, ReplicaMatch] | None, Any]:
         """The index's matches, or None when the index cannot answer (the caller routes by load); with a
-        rider (``riding`` is the index's ``lookup_riding``), the rider's value too (None on failure)."""
+        rider (the index then has ``lookup_riding``), the rider's value too (None on failure)."""
         if not hashes:
             return {}, None
         t0 = time.perf_counter()
         try:
-            if riding is not None:
-                matches, ridden = await riding(self.group, hashes, list(candidates), rider)
+            if rider is not None:
+                matches, ridden = await self.index.lookup_riding(  # type: ignore[attr-defined]
+                    self.group, hashes, list(candidates), rider)
             else:
                 matches, ridden = await self.index.lookup(self.group, hashes, list(candidates)), None
         except Exception:
