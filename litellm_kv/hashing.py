@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NewType, cast, get_args
@@ -42,10 +43,6 @@ _PICKLE_PROTOCOL: Final = 5  # pickle.HIGHEST_PROTOCOL on CPython 3.8-3.13, whic
 _TAG_LORA: Final = "lora"
 _TAG_MM: Final = "mm"
 _TAG_SALT: Final = "cache_salt"
-
-# Children remembered per parent hash in the memo. A shared system prompt fans out into many
-# continuations; past this many the oldest is forgotten and simply rehashed when needed.
-_MEMO_CHILDREN: Final = 8
 
 ExtraKeys = tuple[tuple[Any, ...], ...] | None
 
@@ -192,16 +189,16 @@ class BlockHasher:
         else:
             self.none_hash = self._digest(self._dumps(seed))
             self.exact_possible = True
-        # Prefix memo: parent hash -> up to _MEMO_CHILDREN (block tokens, extra keys, hash),
-        # newest first. Two generations give an approximate LRU with O(1) upkeep: when the
-        # young generation holds half the bound it becomes the old one and the previous old
-        # one is dropped, so at most memo_tokens / hash_block_size blocks are held in all (plus a
-        # dropped generation while it is freed, a slice per call: see _retire).
+        # Prefix memo: (parent hash, block tokens, LoRA key) as one bytes key -> the block's hash.
+        # Two generations give an approximate LRU with O(1) upkeep: when the young generation
+        # holds half the bound it becomes the old one and the previous old one is dropped, so at
+        # most memo_tokens / hash_block_size blocks are held in all (plus a dropped generation
+        # while it is freed, a slice per call: see _retire).
         self._memo_limit = memo_tokens // fine // 2
-        self._memo_new: dict[bytes, tuple[tuple[tuple[int, ...], ExtraKeys, bytes], ...]] = {}
-        self._memo_old: dict[bytes, tuple[tuple[tuple[int, ...], ExtraKeys, bytes], ...]] = {}
+        self._memo_new: dict[bytes, bytes] = {}
+        self._memo_old: dict[bytes, bytes] = {}
         self._memo_new_size = 0
-        self._retiring: list[dict[bytes, tuple[tuple[tuple[int, ...], ExtraKeys, bytes], ...]]] = []
+        self._retiring: list[dict[bytes, bytes]] = []
 
     def __repr__(self) -> str:
         return (
@@ -253,7 +250,7 @@ class BlockHasher:
     def memo_size(self) -> int:
         """Blocks currently held by the prefix memo (at most ``memo_tokens / hash_block_size``;
         a block shared by both generations is counted twice)."""
-        return sum(len(c) for c in self._memo_new.values()) + sum(len(c) for c in self._memo_old.values())
+        return len(self._memo_new) + len(self._memo_old)
 
     def clear_memo(self) -> None:
         self._memo_new = {}
@@ -284,8 +281,16 @@ class BlockHasher:
         mm_idx = 0
         dumps = self._dumps
         digest = self._digest
-        memo_on = self._memo_limit > 0
         limit = self._memo_limit
+        packed = _pack_tokens(token_ids) if limit > 0 else None
+        memo_on = packed is not None
+        # Memo keys are bytes: parent hash + the block's tokens as fixed-width uint32 + the LoRA key.
+        # Bytes keys and values are not tracked by the garbage collector, so the memo never adds to
+        # a collection's walk (a memo of tuples did: they stayed young, and tracked, until a gen-0
+        # collection met them, by then ~100K of them, a 5-7 ms pause at the decision's p99).
+        tag = b"" if not lora_keys else b"\x00" + _pickle_dumps(lora_keys)
+        width = 4 * step
+        seen = True
         memo_new = self._memo_new
         memo_old = self._memo_old
         size = self._memo_new_size
@@ -294,49 +299,33 @@ class BlockHasher:
         parent = self.none_hash
         for start in range(0, len(token_ids) // step * step, step):
             end = start + step
-            # A tuple: it is what gets pickled, and the memo keeps it (a tuple of ints is untracked by
-            # the garbage collector; lists in a large memo made every full collection walk them).
-            block = tuple(token_ids[start:end])
-            if start < keyed_until:
+            if start < keyed_until:  # per-block keys: hashed directly, never memoised
                 mm_keys, mm_idx = _mm_keys(mm, start, end, mm_idx) if mm else ((), mm_idx)
                 salt_keys = ((_TAG_SALT, cache_salt),) if cache_salt and start == 0 else ()
                 extra: ExtraKeys = (lora_keys + mm_keys + salt_keys) or None
-            else:
-                extra = plain_keys
-            if not memo_on:
-                parent = digest(dumps((parent, block, extra)))
+                parent = digest(dumps((parent, tuple(token_ids[start:end]), extra)))
                 append(parent)
                 continue
-            children = memo_new.get(parent)
-            if children is None:
-                children = memo_old.get(parent)
-                if children is not None:  # promote to the young generation
-                    memo_new[parent] = children
-                    size += len(children)
-            if children is None:
-                child = digest(dumps((parent, block, extra)))
-                # Tuples all the way down: once the collector has seen them they are untracked, so the
-                # memo adds nothing to the walk of a full collection (lists here made the proxy's p99).
-                memo_new[parent] = ((block, extra, child),)
+            if not memo_on:
+                parent = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+                append(parent)
+                continue
+            key = parent + packed[start * 4 : start * 4 + width] + tag  # type: ignore[index]
+            child = memo_new.get(key) if seen else None
+            if child is None:
+                # Once a block misses, its hash is new, so the blocks after it miss too: only insert.
+                child = memo_old.get(key) if seen else None  # promoted to the young generation
+                if child is None:
+                    seen = False
+                    child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+                memo_new[key] = child
                 size += 1
-            else:
-                for c_tokens, c_extra, c_hash in children:
-                    if c_tokens == block and c_extra == extra:
-                        child = c_hash
-                        break
-                else:
-                    child = digest(dumps((parent, block, extra)))
-                    if len(children) >= _MEMO_CHILDREN:
-                        memo_new[parent] = ((block, extra, child), *children[: _MEMO_CHILDREN - 1])
-                    else:
-                        memo_new[parent] = ((block, extra, child), *children)
-                        size += 1
-            if size >= limit:
-                if memo_old:
-                    self._retiring.append(memo_old)
-                memo_old = memo_new
-                memo_new = {}
-                size = 0
+                if size >= limit:
+                    if memo_old:
+                        self._retiring.append(memo_old)
+                    memo_old = memo_new
+                    memo_new = {}
+                    size = 0
             parent = child
             append(child)
         if memo_on:
@@ -348,8 +337,8 @@ class BlockHasher:
         return out
 
     def _retire(self, budget: int) -> None:
-        # Dropping a whole generation at once frees ~8K entries of ~35 objects each: a 5 ms pause, which
-        # was the hash stage's p99. Freed a slice per call instead, at least as fast as entries are added.
+        # Dropping a whole generation at once frees ~16K entries: a millisecond-scale pause on the
+        # request path. Freed a slice per call instead, at least as fast as entries are added.
         retiring = self._retiring
         while retiring and budget > 0:
             gen = retiring[-1]
@@ -359,6 +348,15 @@ class BlockHasher:
             budget -= n
             if not gen:
                 retiring.pop()
+
+
+def _pack_tokens(token_ids: list[int]) -> bytes | None:
+    """The tokens as native uint32s, the memo's key material; None when one does not fit (the
+    call is then hashed without the memo, so odd input can never alias another prompt's key)."""
+    try:
+        return array("I", token_ids).tobytes()
+    except (OverflowError, TypeError):
+        return None
 
 
 def _mm_offset(feature: MMFeature) -> int:
