@@ -22,6 +22,8 @@ from typing import Any, Final, Literal, NewType, cast, get_args
 import cbor2
 import xxhash
 
+from litellm_kv.retire import free_some
+
 HashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 HASH_ALGOS: Final[tuple[str, ...]] = get_args(HashAlgo)
 
@@ -193,7 +195,7 @@ class BlockHasher:
         # Two generations give an approximate LRU with O(1) upkeep: when the young generation
         # holds half the bound it becomes the old one and the previous old one is dropped, so at
         # most memo_tokens / hash_block_size blocks are held in all (plus a dropped generation
-        # while it is freed, a slice per call: see _retire).
+        # while it is freed, a slice per call: see litellm_kv.retire).
         self._memo_limit = memo_tokens // fine // 2
         self._memo_new: dict[bytes, bytes] = {}
         self._memo_old: dict[bytes, bytes] = {}
@@ -333,21 +335,8 @@ class BlockHasher:
             self._memo_old = memo_old
             self._memo_new_size = size
             if self._retiring:
-                self._retire(len(out) + 64)
+                free_some(self._retiring, len(out) + 64)  # a dropped generation, a slice per call
         return out
-
-    def _retire(self, budget: int) -> None:
-        # Dropping a whole generation at once frees ~16K entries: a millisecond-scale pause on the
-        # request path. Freed a slice per call instead, at least as fast as entries are added.
-        retiring = self._retiring
-        while retiring and budget > 0:
-            gen = retiring[-1]
-            n = min(budget, len(gen))
-            for _ in range(n):
-                gen.popitem()
-            budget -= n
-            if not gen:
-                retiring.pop()
 
 
 def _pack_tokens(token_ids: list[int]) -> bytes | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from litellm_kv.config import doc
+from litellm_kv.retire import free_some
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class SiblingIndex:
         self._clock = clock
         self._cur: dict[int, dict[str, float]] = {}
         self._prev: dict[int, dict[str, float]] = {}
+        self._retiring: list[dict[int, dict[str, float]]] = []
         self._rotated = clock()
 
     def __len__(self) -> int:
@@ -48,6 +50,10 @@ class SiblingIndex:
 
     def _rotate(self, now: float) -> None:
         if now - self._rotated >= self.ttl_s or len(self._cur) >= self.max_entries // 2:
+            if self._prev:
+                # Freeing a generation at once is a pause on the request path (6 ms at 100K blocks):
+                # it is freed a slice per record() instead, as fast as blocks are recorded.
+                self._retiring.append(self._prev)
             self._prev = self._cur
             self._cur = {}
             self._rotated = now
@@ -63,6 +69,8 @@ class SiblingIndex:
                 cur[h] = {replica: until}
             else:
                 holders[replica] = until
+        if self._retiring:
+            free_some(self._retiring, len(block_hashes) + 64)
 
     def _holders(self, h: int) -> dict[str, float] | None:
         a = self._cur.get(h)
