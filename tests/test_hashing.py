@@ -247,3 +247,13 @@ def test_memo_adds_nothing_for_the_garbage_collector() -> None:
     assert h.memo_size() == 20 * 64 + 8
     assert len(gc.get_objects()) - before < 50
     assert not gc.is_tracked(h._memo_new)
+
+
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_wire_hashes_are_the_digests_last_8_bytes_big_endian(algo: str) -> None:
+    rng = random.Random(5)
+    h = BlockHasher(algo, 16, "0")
+    toks = [rng.randrange(150000) for _ in range(16 * 40 + 7)]
+    want = [int.from_bytes(d[-8:], "big") for d in h.block_hashes(toks)]
+    assert h.wire_hashes(toks) == want and len(want) == 40
+    assert h.wire_hashes(toks[:15]) == []
