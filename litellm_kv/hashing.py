@@ -283,8 +283,8 @@ class BlockHasher:
         step = self.hash_block_size
         if not isinstance(token_ids, list):
             token_ids = list(token_ids)
-        # The LoRA key is the same on every block; building it once keeps block keys equal
-        # by value for the memo (identity inside one block's key is what pickle sees).
+        # The LoRA key is the same on every block: built once per call (the memo key carries its
+        # pickled bytes; identity inside one block's key is what pickle sees).
         lora_keys: tuple[tuple[Any, ...], ...] = ((_TAG_LORA, lora[0], lora[1]),) if lora is not None else ()
         plain_keys: ExtraKeys = lora_keys or None
         # Blocks before this token may carry per-block keys (mm items, the salt on block 0).
