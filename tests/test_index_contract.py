@@ -100,6 +100,20 @@ async def test_lookup_stops_at_first_miss_per_replica(index: KVIndex) -> None:
     assert got.get("c", ReplicaMatch()).blocks == 0
 
 
+async def test_long_chains_with_runs_of_equal_holders(index: KVIndex) -> None:
+    """Long runs of blocks with the same holders (the Redis lookup reuses the previous block's answer
+    when the stored value is the same), broken by a tier change, a hole and a replica dropping out."""
+    chain = list(range(1000, 1200))
+    await index.apply(G, "a", [stored(*chain)])
+    await index.apply(G, "b", [stored(*chain[:50]), stored(*chain[50:80], tier=Tier.CPU), stored(*chain[80:])])
+    await index.apply(G, "c", [stored(*chain[:10]), stored(*chain[11:])])  # a hole at block 10
+    got = await index.lookup(G, chain)
+    assert got["a"] == ReplicaMatch(gpu=200)
+    assert got["b"] == ReplicaMatch(gpu=50 + 120, cpu=30)
+    assert got["c"] == ReplicaMatch(gpu=10)
+    assert (await index.lookup(G, chain[11:]))["c"] == ReplicaMatch(gpu=189)
+
+
 async def test_tiers_counted_by_fastest_holder(index: KVIndex) -> None:
     await index.apply(G, "a", [stored(1, 2), stored(2, 3, tier=Tier.CPU), stored(4, tier=Tier.STORAGE)])
     assert await index.lookup(G, [1, 2, 3, 4]) == {"a": ReplicaMatch(gpu=2, cpu=1, storage=1)}

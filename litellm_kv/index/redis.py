@@ -224,6 +224,7 @@ local function lkv_lookup(blocks, ids, names, packed, filter)
   -- Replicas still matching: {id, counts per tier, the three entry prefixes to look for}.
   local active = nil
   local alive = 0
+  local prev_v, prev_tiers = nil, {}
   local n = #packed / 8
   local chunk = tonumber(__CHUNK__)
   local i = 1
@@ -257,13 +258,23 @@ local function lkv_lookup(blocks, ids, names, packed, filter)
           end
         end
       else
-        for _, a in ipairs(active) do
+        -- Consecutive blocks mostly have the same holders, so the same value string (Lua strings are
+        -- interned: comparing them is a pointer test): reuse the tiers found for the previous block.
+        if v ~= prev_v then
+          prev_v = v
+          for x, a in ipairs(active) do
+            if a[6] then
+              if string.find(v, a[3], 1, true) then prev_tiers[x] = 1
+              elseif string.find(v, a[4], 1, true) then prev_tiers[x] = 2
+              elseif string.find(v, a[5], 1, true) then prev_tiers[x] = 3
+              else prev_tiers[x] = 0 end
+            end
+          end
+        end
+        for x, a in ipairs(active) do
           if a[6] then
-            local c = a[2]
-            if string.find(v, a[3], 1, true) then c[1] = c[1] + 1
-            elseif string.find(v, a[4], 1, true) then c[2] = c[2] + 1
-            elseif string.find(v, a[5], 1, true) then c[3] = c[3] + 1
-            else a[6] = false; alive = alive - 1 end
+            local t = prev_tiers[x]
+            if t > 0 then a[2][t] = a[2][t] + 1 else a[6] = false; alive = alive - 1 end
           end
         end
       end
