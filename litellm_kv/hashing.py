@@ -133,7 +133,7 @@ class BlockHasher:
             last fine index (``BlockHashListWithBlockSize``). Defaults to ``block_size``.
         memo_tokens: bound of the prefix memo, in tokens of remembered blocks (0 disables
             it). The default, 2**19 tokens (16 conversations of 32K tokens), costs about
-            30 MB at block size 16 and less at larger blocks (docs/hashing.md).
+            8 MB at block size 16 and less at larger blocks (docs/hashing.md).
         none_hash: NONE_HASH itself, when known by other means; overrides ``hash_seed``.
 
     Not safe to share between threads (the memo is unsynchronised); one per event loop is
