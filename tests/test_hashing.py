@@ -5,8 +5,11 @@ installed vLLM are in test_hashing_vs_vllm.py.)"""
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
+import pickle
 import random
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from litellm_kv.hashing import (
     DEFAULT_NONE_HASH_SEED,
     HASH_ALGOS,
+    NATIVE_HASHING,
     BlockHasher,
     InexactHashError,
     MMFeature,
@@ -178,7 +182,7 @@ def test_dropped_memo_generation_is_freed_a_slice_per_call() -> None:
 
 
 def test_memo_hits_skip_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
-    h = BlockHasher("sha256", 16)
+    h = BlockHasher("sha256", 16, native=False)
     toks = list(range(4000))
     h.block_hashes(toks[:2000])
     calls = 0
@@ -257,3 +261,51 @@ def test_wire_hashes_are_the_digests_last_8_bytes_big_endian(algo: str) -> None:
     want = [int.from_bytes(d[-8:], "big") for d in h.block_hashes(toks)]
     assert h.wire_hashes(toks) == want and len(want) == 40
     assert h.wire_hashes(toks[:15]) == []
+
+
+def test_native_chain_is_built_here() -> None:
+    """scripts/setup.sh builds litellm_kv/_chain.c (it installs gcc and OpenSSL's headers if missing);
+    a failed build would silently cost ~0.6 ms per cold 8K-token decision, so the suite says so."""
+    assert NATIVE_HASHING
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4, 5, 16, 32, 64])
+def test_native_chain_equals_pickle_and_hashlib(step: int) -> None:
+    """Every pickle integer width (BININT1/BININT2/BININT edges) and the 1-3 token TUPLEn forms."""
+    from litellm_kv._chain import sha256_pickle_chain
+
+    rng = random.Random(step)
+    edges = [0, 1, 255, 256, 65535, 65536, 2**31 - 1]
+    toks = [rng.choice(edges) if rng.random() < 0.5 else rng.randrange(2**31) for _ in range(step * 9 + step // 2)]
+    parent = hashlib.sha256(b"parent").digest()
+    want, p = [], parent
+    for i in range(0, len(toks) // step * step, step):
+        p = hashlib.sha256(pickle.dumps((p, tuple(toks[i : i + step]), None), protocol=5)).digest()
+        want.append(p)
+    assert sha256_pickle_chain(parent, array("I", toks).tobytes(), step) == want
+
+
+def test_native_chain_refuses_what_it_cannot_encode() -> None:
+    from litellm_kv._chain import sha256_pickle_chain
+
+    parent = bytes(32)
+    assert sha256_pickle_chain(parent, array("I", [2**31] * 16).tobytes(), 16) is None  # pickle: LONG1
+    for bad in ((bytes(31), b"", 16), (parent, b"abc", 16), (parent, b"", 0), (parent, b"", 5000)):
+        with pytest.raises(ValueError):
+            sha256_pickle_chain(*bad)
+    # Through BlockHasher such tokens fall back to Python from the first block that has one.
+    toks = list(range(64)) + [2**31 + 5] * 16 + list(range(32))
+    assert BlockHasher("sha256", 16).block_hashes(toks) == BlockHasher("sha256", 16, native=False).block_hashes(toks)
+
+
+def test_native_and_python_paths_agree_with_memo_salt_lora_and_mm() -> None:
+    rng = random.Random(9)
+    image = [MMFeature("img", 40, 50)]
+    native = BlockHasher("sha256", 16)
+    python = BlockHasher("sha256", 16, native=False, memo_tokens=0)
+    base = [rng.randrange(150000) for _ in range(16 * 30)]
+    for turn in range(6):  # a growing conversation: memo hits, then native misses
+        toks = base + [rng.randrange(150000) for _ in range(16 * turn + 5)]
+        for kw in ({}, {"cache_salt": "t"}, {"mm": image}, {"lora": ("a", "/p")}):
+            assert native.block_hashes(toks, **kw) == python.block_hashes(toks, **kw)  # type: ignore[arg-type]
+        base = toks

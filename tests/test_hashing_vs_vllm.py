@@ -178,6 +178,12 @@ def test_block_hashes_equal_vllm(case: dict[str, Any], oracle: dict[str, Any]) -
         assert h.none_hash.hex() == want["none_hash_hex"]
     got = _ours(h, case)
     assert [x.hex() for x in got] == want["block_hashes_hex"]
+    # The pure-Python path too (the compiled chain takes sha256 blocks without extra keys).
+    python_only = BlockHasher(
+        case["algo"], case["block_size"], case["seed"], hash_block_size=case.get("hash_block_size"),
+        none_hash=h.none_hash, native=False,
+    )
+    assert _ours(python_only, case) == got
     if case.get("int_hashes", True):
         assert [BlockHasher.to_wire(x) for x in got] == want["wire"]
     # A growing conversation: a fresh hasher sees the first half, then the whole prompt

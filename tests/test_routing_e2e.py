@@ -114,6 +114,7 @@ def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
             break
         time.sleep(0.5)
     assert state.startswith("local (verified") and "fast BPE on" in state, state
+    assert _health(proxy)["routing"]["hashing"] == "native"  # the compiled sha256 chain (litellm_kv/_chain.c)
 
 
 async def _distinct_blocks(url: str, convs: list[Any], block_size: int) -> int:
