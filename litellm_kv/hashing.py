@@ -368,7 +368,7 @@ class BlockHasher:
                     if memo_on:
                         for j, child in enumerate(rest):
                             at = start * 4 + j * width
-                            memo_new[parent + packed[at : at + width]] = child  # type: ignore[index]
+                            memo_new[parent + packed[at : at + width] + tag] = child  # type: ignore[index]
                             parent = child
                             size += 1
                             if size >= limit:
@@ -396,8 +396,9 @@ class BlockHasher:
 
 
 def _pack_tokens(token_ids: list[int]) -> bytes | None:
-    """The tokens as native uint32s, the memo's key material; None when one does not fit (the
-    call is then hashed without the memo, so odd input can never alias another prompt's key)."""
+    """The tokens as native uint32s (the memo's key material and the native chain's input); None when one
+    does not fit (the call is then hashed in Python without the memo, so odd input can never alias another
+    prompt's key)."""
     try:
         return array("I", token_ids).tobytes()
     except (OverflowError, TypeError):

@@ -31,8 +31,9 @@ class SiblingIndex:
     """block hash -> {replica: expiry}; lookups count leading blocks per replica.
 
     Two generations of entries: records go to the current one, which becomes the previous one
-    every TTL, when the older generation is dropped whole. Expired entries still present are
-    ignored at lookup. ``record`` costs one dict write per block, expiry nothing per entry.
+    every TTL (or at half of ``max_entries``), when the older generation is dropped — freed a slice
+    per later ``record``, not in one pause. Expired entries still present are ignored at lookup.
+    ``record`` costs one dict write per block, expiry nothing per entry.
     """
 
     def __init__(self, ttl_s: float = 5.0, max_entries: int = 200_000,
