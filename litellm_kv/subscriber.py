@@ -56,6 +56,7 @@ from litellm_kv.events import (
 from litellm_kv.exactness import ExactnessChecker, HasherFactory
 from litellm_kv.index.base import BlockOp, KVIndex
 from litellm_kv.observability import counter, gauge
+from litellm_kv.tasks import cancel_and_wait
 
 log = logging.getLogger("litellm_kv")
 
@@ -173,10 +174,7 @@ class KVEventSubscriber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self._set_connected(False)
 
     @property

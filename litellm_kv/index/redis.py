@@ -44,7 +44,6 @@ the apply script skips one whose whole chain the replica already holds on that t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import struct
@@ -57,6 +56,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch
+from litellm_kv.tasks import cancel_and_wait
 
 KEY_PREFIX = "lkv"
 GROUPS_KEY = f"{KEY_PREFIX}:groups"
@@ -536,9 +536,7 @@ class RedisIndex:
 
     async def close(self) -> None:
         for task in list(self._sweepers.values()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
-                await task
+            await cancel_and_wait(task, RedisError, OSError)
         await self.client.aclose()
 
     async def ping(self) -> bool:

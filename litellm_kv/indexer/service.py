@@ -28,6 +28,7 @@ from litellm_kv.indexer.stream import EventStream
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.subscriber import connectable
+from litellm_kv.tasks import cancel_and_wait
 
 log = logging.getLogger("litellm_kv.indexer")
 
@@ -118,10 +119,7 @@ class Indexer:
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="kv-indexer-maintain")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait(self._task, Exception)
         for rt in self.replicas.values():
             for s in rt.streams:
                 await s.stop()

@@ -22,7 +22,6 @@ does not count again when the replica already holds the whole chain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -36,6 +35,7 @@ from redis.exceptions import RedisError
 from litellm_kv.events import AllBlocksCleared, BlockStored, EventDecodeError, decode_event_batch, to_block_ops
 from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, RedisIndex, RootStored
 from litellm_kv.observability import counter, gauge
+from litellm_kv.tasks import cancel_and_wait
 
 log = logging.getLogger("litellm_kv.indexer")
 
@@ -166,10 +166,7 @@ class EventStream:
             self.resync()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait(self._task, Exception)
         if self._sub is not None:
             self._sub.close(linger=0)
         self._set_connected(False)

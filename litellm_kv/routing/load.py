@@ -15,7 +15,6 @@ proxy that died fade after ``ttl_s`` instead of staying forever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 import uuid
@@ -25,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from litellm_kv.config import doc
 from litellm_kv.index.redis import ScriptRider, group_key_prefix
+from litellm_kv.tasks import cancel_and_wait
 
 
 @dataclass(slots=True)
@@ -365,10 +365,7 @@ class RedisLoadTracker:
 
     async def close(self) -> None:
         """Stop the background writer (pending changes are dropped; the fields fade after ``ttl_s``)."""
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._writer
+        await cancel_and_wait(self._writer, Exception)
 
     # -- reading ---------------------------------------------------------------------------------------------
     def local_snapshot(self, group: str, replicas: Sequence[str]) -> dict[str, TrackedLoad]:
