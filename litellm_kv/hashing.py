@@ -345,24 +345,19 @@ class BlockHasher:
                 append(parent)
                 continue
             key = b""
+            child = None
             if memo_on:
                 key = parent + packed[start * 4 : start * 4 + width] + tag  # type: ignore[index]
-                child = memo_new.get(key) if seen else None
-                if child is None and seen:
-                    child = memo_old.get(key)
-                    if child is not None:  # promoted to the young generation
-                        memo_new[key] = child
-                        size += 1
-                        if size >= limit:
-                            self._rotate(memo_old)
-                            memo_old, memo_new, size = memo_new, {}, 0
-                if child is not None:
-                    parent = child
-                    append(child)
-                    continue
-                # Once a block misses, its hash is new, so the blocks after it miss too: only insert.
-                seen = False
-            if native is not None:
+                if seen:
+                    child = memo_new.get(key)
+                    if child is not None:
+                        parent = child
+                        append(child)
+                        continue
+                    child = memo_old.get(key)  # found: promoted to the young generation below
+                    # Once a block misses, its hash is new, so the blocks after it miss too: only insert.
+                    seen = child is not None
+            if child is None and native is not None:
                 rest = native(parent, packed[start * 4 : n_full * 4], step)  # type: ignore[index]
                 if rest is not None:
                     if memo_on:
@@ -377,7 +372,8 @@ class BlockHasher:
                     out.extend(rest)
                     break
                 native = None  # a token the native encoder does not take (>= 2**31): Python from here
-            child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+            if child is None:
+                child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
             if memo_on:
                 memo_new[key] = child
                 size += 1
