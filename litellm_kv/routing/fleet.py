@@ -124,6 +124,7 @@ class Fleet:
         st = self.replicas.pop(rid)
         if st.subscriber is not None:
             await st.subscriber.stop()
+        await st.client.aclose()
         if self.embedded:
             await self.index.purge_replica(self.group, rid)
         REPLICA_READY.labels(self.group, rid).set(0)
@@ -231,6 +232,7 @@ class Fleet:
         for st in self.replicas.values():
             if st.subscriber is not None:
                 await st.subscriber.stop()
+            await st.client.aclose()
 
     # -- exactness ---------------------------------------------------------------------------------
     def _refresh_exactness(self) -> None:
