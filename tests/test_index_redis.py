@@ -344,3 +344,14 @@ async def test_password_and_database_from_url() -> None:
             redis.Redis(port=port, password="wrong").ping()
     finally:
         proc.stop()
+
+
+def test_pack_is_big_endian_u64_on_both_paths() -> None:
+    """The fields the Lua scripts read: 8 big-endian bytes per hash (the C path), and the same bytes
+    from the mod-2^64 fallback for values outside 0..2^64-1."""
+    from litellm_kv.index.redis import _pack
+
+    edge = [0, 1, 255, 256, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, 0x0102030405060708]
+    assert _pack(edge) == b"".join(h.to_bytes(8, "big") for h in edge)
+    assert _pack([]) == b""
+    assert _pack([-1, 1 << 64, 5]) == b"\xff" * 8 + b"\x00" * 8 + (5).to_bytes(8, "big")

@@ -47,6 +47,8 @@ import asyncio
 import enum
 import logging
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -64,6 +66,7 @@ LOOKUP_CHUNK = 64
 SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge (~11 ms of Redis time)
 log = logging.getLogger("litellm_kv")
 _U64 = (1 << 64) - 1
+_Q_IS_8_BYTES = array("Q").itemsize == 8
 T = TypeVar("T")
 
 # Shared Lua helpers, prepended to each script (Redis 7 runs Lua 5.1: no goto, no integer type).
@@ -473,6 +476,17 @@ class _GroupKeys:
 
 
 def _pack(hashes: Sequence[int]) -> bytes:
+    """Hashes as 8-byte big-endian fields, in C (a per-hash struct argument was 0.05 ms at 8K tokens);
+    values outside 0..2^64-1 (none come from the hasher) are reduced mod 2^64 on the slow path."""
+    if _Q_IS_8_BYTES:
+        try:
+            words = array("Q", hashes)
+        except OverflowError:
+            pass
+        else:
+            if sys.byteorder == "little":
+                words.byteswap()
+            return words.tobytes()
     return struct.pack(f">{len(hashes)}Q", *(h & _U64 for h in hashes))
 
 
