@@ -10,8 +10,9 @@
 All need a proxy admin key (``Authorization: Bearer <master key>`` or an admin virtual key).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations, and as
+# strings it cannot resolve names imported inside register() (POST /route then answered 422, taking its
+# ``request: Request`` parameter for a query field).
 import logging
 from typing import Any
 
