@@ -99,3 +99,44 @@ def test_routes_older_than_the_inflight_ttl_release_their_load() -> None:
     before, after = asyncio.run(run())
     assert before == 100 and after == 0
     assert "old" not in handler.routes and "new" in handler.routes
+
+
+def test_fleet_adapter_resolution() -> None:
+    """What a served model name is hashed with (the e2e side is tests/test_lora_e2e.py): a configured path
+    wins over /v1/models; a listed base model has no LoRA key; a name no replica lists is 'unknown_model'
+    (and /v1/models is re-read at most once per discovery interval, a failed re-read keeping the lists);
+    with no model list ever read nothing is judged."""
+    from litellm_kv.engine import EngineClient
+    from litellm_kv.routing.fleet import Fleet, ReplicaState
+    from litellm_kv.routing.options import KVRoutingOptions
+
+    async def run() -> None:
+        fleet = Fleet(G, KVRoutingOptions(lora_paths={"pinned": "/cfg/pinned"}, discovery_interval_s=60),
+                      InMemoryIndex(), embedded=True)
+        client = EngineClient("http://127.0.0.1:9")  # nothing answers: re-reads fail, and are counted
+        reads = 0
+
+        async def models() -> list[dict[str, object]]:
+            nonlocal reads
+            reads += 1
+            raise RuntimeError("engine down")
+
+        client.models = models  # type: ignore[method-assign]
+        st = ReplicaState(R[0], "d0", R[0], client)
+        fleet.replicas[R[0]] = st
+        assert fleet.adapter("tiny") == (None, "")  # no model list read: not judged
+        st.base_models = {"tiny"}
+        st.lora_roots = {"sql": "/adapters/sql", "pinned": "/engine/pinned"}
+        assert fleet.adapter("tiny") == (None, "")
+        assert fleet.adapter("sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("pinned") == (("pinned", "/cfg/pinned"), "")  # kv.lora_paths wins
+        assert fleet.adapter("late") == (None, "unknown_model")
+        assert fleet.adapter("late") == (None, "unknown_model")
+        await asyncio.sleep(0.05)
+        assert reads == 1  # one background re-read within the discovery interval
+        # A failed re-read keeps what was read before: the adapter keeps its path, 'late' stays unknown.
+        assert fleet.adapter("sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("late") == (None, "unknown_model")
+        await client.aclose()
+
+    asyncio.run(run())

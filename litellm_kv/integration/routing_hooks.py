@@ -427,15 +427,8 @@ class KVRoutingHandler(Handler):
             why = "tokenize_failed"
         else:
             why = g.fleet.not_exact_why and "not_exact"
-        served = str((deployments[0].get("litellm_params") or {}).get("model", "")).split("/", 1)[-1]
-        lora_path = g.fleet.lora_path(served)
-        rreq = RoutingRequest(
-            token_ids=tokens,
-            lora=(served, lora_path) if lora_path else None,
-            cache_salt=req.get("cache_salt"),
-            has_unhashable_media=_has_media(req.get("messages") or []),
-            skip_prefix_cache=req.get("prompt_logprobs") is not None,
-        )
+        rreq, unknown = _routing_request(g, deployments, req, tokens)
+        why = why or unknown
         # Load is read after tokenizing (in shared mode in the index lookup's round trip), never before:
         # concurrent requests must see each other's load (a snapshot taken before tokenizing sent a burst
         # on one hot prefix to one replica).
@@ -618,9 +611,10 @@ class KVRoutingHandler(Handler):
         candidates = list(g.fleet.replicas)
         loads = await _safe_snapshot(g, candidates)
         gauges = {r: EngineGauges(st.waiting, st.running, st.kv_usage) for r, st in g.fleet.replicas.items()}
+        # The same request facts as a real call (LoRA adapter, salt, media), or the answer would not be its.
+        rreq, unknown = _routing_request(g, _group_deployments(group), body, tokens)
         result = await g.router.decide(
-            RoutingRequest(token_ids=tokens, cache_salt=body.get("cache_salt")), hasher, candidates, loads, gauges,
-            not_exact_why=g.fleet.not_exact_why and "not_exact",
+            rreq, hasher, candidates, loads, gauges, not_exact_why=(g.fleet.not_exact_why and "not_exact") or unknown,
         )
         out = asdict(result)
         out.pop("wire_hashes", None)
@@ -644,6 +638,22 @@ async def _safe_load(g: _Group, op: Any) -> None:
         await op
     except Exception:
         LOAD_ERRORS.labels(g.name).inc()
+
+
+def _routing_request(g: _Group, deployments: Sequence[Mapping[str, Any]], req: Mapping[str, Any],
+                     tokens: list[int]) -> tuple[RoutingRequest, str]:
+    """The facts of a request that decide the engine's block hashes, and why it cannot be hashed exactly
+    ("" when it can): the served model's LoRA adapter (name and path), the cache salt, media, prompt logprobs."""
+    litellm_model = str((deployments[0].get("litellm_params") or {}).get("model", "")) if deployments else ""
+    lora, why = g.fleet.adapter(litellm_model.split("/", 1)[-1]) if litellm_model else (None, "")
+    rreq = RoutingRequest(
+        token_ids=tokens,
+        lora=lora,
+        cache_salt=req.get("cache_salt"),
+        has_unhashable_media=_has_media(req.get("messages") or []),
+        skip_prefix_cache=req.get("prompt_logprobs") is not None,
+    )
+    return rreq, why
 
 
 def _group_deployments(group: str) -> list[dict[str, Any]]:

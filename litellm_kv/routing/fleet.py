@@ -63,7 +63,8 @@ class ReplicaState:
     not_exact: str = ""
     prompt_details_missing: bool = False
     subscriber: Any = None
-    lora_roots: dict[str, str] = field(default_factory=dict)
+    lora_roots: dict[str, str] = field(default_factory=dict)  # adapter name -> path, from /v1/models
+    base_models: set[str] = field(default_factory=set)  # served names that are not adapters
 
     def status(self) -> dict[str, Any]:
         sub = None
@@ -97,6 +98,8 @@ class Fleet:
         self._hasher_key: tuple[str, int, str | None] | None = None
         self._task: asyncio.Task[None] | None = None
         self.not_exact_why = "starting"
+        self._models_read = 0.0  # last /v1/models re-read for a model name no replica listed
+        self._refreshes: set[asyncio.Task[None]] = set()
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -147,13 +150,7 @@ class Fleet:
                 REPLICA_READY.labels(self.group, st.replica).set(0)
                 log.warning("litellm-kv: %s: %s", st.replica, st.error)
                 return
-        try:
-            models = await st.client.models()
-            st.lora_roots = {
-                m["id"]: m["root"] for m in models if m.get("parent") and isinstance(m.get("root"), str)
-            }
-        except Exception:
-            st.lora_roots = {}
+        await self._read_models(st)
         st.error = ""
         st.ready = True
         REPLICA_READY.labels(self.group, st.replica).set(1)
@@ -299,6 +296,39 @@ class Fleet:
             if name in st.lora_roots:
                 return st.lora_roots[name]
         return None
+
+    async def _read_models(self, st: ReplicaState) -> None:
+        """Served names and LoRA adapters (with the path the engine resolved) from ``/v1/models``."""
+        try:
+            models = await st.client.models()
+        except Exception as exc:
+            # What was read before stays (a blip must not make an adapter look like the base model).
+            log.warning("litellm-kv: %s: /v1/models unreadable (%s); keeping the %d models read before",
+                        st.replica, exc, len(st.base_models) + len(st.lora_roots))
+            return
+        st.lora_roots = {m["id"]: m["root"] for m in models if m.get("parent") and isinstance(m.get("root"), str)}
+        st.base_models = {str(m["id"]) for m in models if not m.get("parent") and m.get("id")}
+
+    def adapter(self, served: str) -> tuple[tuple[str, str] | None, str]:
+        """What the engine hashes a request for model ``served`` with: ``((name, path), "")`` for a LoRA
+        adapter, ``(None, "")`` for a base model, ``(None, "unknown_model")`` when no replica lists the name
+        (an adapter loaded after start-up, a typo): hashing it as the base model could predict hits the
+        engine will not have, so the caller routes by load, and ``/v1/models`` is read again (at most once
+        per ``discovery_interval_s``). When no replica's model list could be read, nothing is judged."""
+        path = self.lora_path(served)
+        if path is not None:
+            return (served, path), ""
+        listed = [st for st in self.replicas.values() if st.base_models]
+        if not listed or any(served in st.base_models for st in listed):
+            return None, ""
+        now = time.monotonic()
+        if now - self._models_read >= self.options.discovery_interval_s:
+            self._models_read = now
+            for st in listed:
+                task = asyncio.get_running_loop().create_task(self._read_models(st))
+                self._refreshes.add(task)
+                task.add_done_callback(self._refreshes.discard)
+        return None, "unknown_model"
 
     def status(self) -> dict[str, Any]:
         return {

@@ -32,8 +32,10 @@ from tests.support.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 BUILD = ROOT / "tools" / "engine" / "build_model.py"
+BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
 SERVE = ROOT / "tools" / "engine" / "serve.py"
 MODEL_DIR = ARTIFACTS / "tiny-model"
+LORA_DIR = ARTIFACTS / "tiny-lora"
 SERVED_NAME = "tiny"
 START_TIMEOUT_S = 180.0
 
@@ -47,6 +49,15 @@ def ensure_model(out: Path = MODEL_DIR) -> Path:
     with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run([str(ENGINE_PY), str(BUILD), "--out", str(out)], check=True,
+                       capture_output=True, timeout=300)
+    return out
+
+
+def ensure_lora(model: Path, out: Path = LORA_DIR) -> Path:
+    """Build the tiny model's LoRA adapter once (``tools/engine/build_lora.py``; same lock as the model)."""
+    with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([str(ENGINE_PY), str(BUILD_LORA), "--model", str(model), "--out", str(out)], check=True,
                        capture_output=True, timeout=300)
     return out
 
