@@ -124,19 +124,21 @@ def test_fleet_adapter_resolution() -> None:
         client.models = models  # type: ignore[method-assign]
         st = ReplicaState(R[0], "d0", R[0], client)
         fleet.replicas[R[0]] = st
-        assert fleet.adapter("tiny") == (None, "")  # no model list read: not judged
-        st.base_models = {"tiny"}
+        assert fleet.adapter("hosted_vllm/tiny") == (None, "")  # no model list read: not judged
+        st.base_models = {"tiny", "org/big"}
         st.lora_roots = {"sql": "/adapters/sql", "pinned": "/engine/pinned"}
-        assert fleet.adapter("tiny") == (None, "")
-        assert fleet.adapter("sql") == (("sql", "/adapters/sql"), "")
-        assert fleet.adapter("pinned") == (("pinned", "/cfg/pinned"), "")  # kv.lora_paths wins
-        assert fleet.adapter("late") == (None, "unknown_model")
-        assert fleet.adapter("late") == (None, "unknown_model")
+        assert fleet.adapter("hosted_vllm/tiny") == (None, "")
+        assert fleet.adapter("hosted_vllm/org/big") == (None, "")  # the served name after the provider
+        assert fleet.adapter("org/big") == (None, "")  # or the whole string
+        assert fleet.adapter("hosted_vllm/sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("hosted_vllm/pinned") == (("pinned", "/cfg/pinned"), "")  # kv.lora_paths wins
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
         await asyncio.sleep(0.05)
         assert reads == 1  # one background re-read within the discovery interval
         # A failed re-read keeps what was read before: the adapter keeps its path, 'late' stays unknown.
-        assert fleet.adapter("sql") == (("sql", "/adapters/sql"), "")
-        assert fleet.adapter("late") == (None, "unknown_model")
+        assert fleet.adapter("hosted_vllm/sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
         await client.aclose()
 
     asyncio.run(run())

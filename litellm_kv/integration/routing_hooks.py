@@ -645,7 +645,7 @@ def _routing_request(g: _Group, deployments: Sequence[Mapping[str, Any]], req: M
     """The facts of a request that decide the engine's block hashes, and why it cannot be hashed exactly
     ("" when it can): the served model's LoRA adapter (name and path), the cache salt, media, prompt logprobs."""
     litellm_model = str((deployments[0].get("litellm_params") or {}).get("model", "")) if deployments else ""
-    lora, why = g.fleet.adapter(litellm_model.split("/", 1)[-1]) if litellm_model else (None, "")
+    lora, why = g.fleet.adapter(litellm_model) if litellm_model else (None, "")
     rreq = RoutingRequest(
         token_ids=tokens,
         lora=lora,

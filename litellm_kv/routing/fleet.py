@@ -100,6 +100,7 @@ class Fleet:
         self.not_exact_why = "starting"
         self._models_read = 0.0  # last /v1/models re-read for a model name no replica listed
         self._refreshes: set[asyncio.Task[None]] = set()
+        self._unknown_logged: set[str] = set()
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -309,18 +310,26 @@ class Fleet:
         st.lora_roots = {m["id"]: m["root"] for m in models if m.get("parent") and isinstance(m.get("root"), str)}
         st.base_models = {str(m["id"]) for m in models if not m.get("parent") and m.get("id")}
 
-    def adapter(self, served: str) -> tuple[tuple[str, str] | None, str]:
-        """What the engine hashes a request for model ``served`` with: ``((name, path), "")`` for a LoRA
-        adapter, ``(None, "")`` for a base model, ``(None, "unknown_model")`` when no replica lists the name
-        (an adapter loaded after start-up, a typo): hashing it as the base model could predict hits the
-        engine will not have, so the caller routes by load, and ``/v1/models`` is read again (at most once
-        per ``discovery_interval_s``). When no replica's model list could be read, nothing is judged."""
-        path = self.lora_path(served)
-        if path is not None:
-            return (served, path), ""
+    def adapter(self, model: str) -> tuple[tuple[str, str] | None, str]:
+        """What the engine hashes a request for a deployment's LiteLLM ``model`` (``hosted_vllm/<served
+        name>``) with: ``((name, path), "")`` for a LoRA adapter, ``(None, "")`` for a base model,
+        ``(None, "unknown_model")`` when no replica lists the served name (an adapter loaded after start-up,
+        a typo): hashing it as the base model could predict hits the engine will not have, so the caller
+        routes by load, it is logged once, and ``/v1/models`` is read again (at most once per
+        ``discovery_interval_s``). When no replica's model list could be read, nothing is judged."""
+        names = list(dict.fromkeys((model.split("/", 1)[-1], model)))  # served name after the provider, or whole
+        for name in names:
+            path = self.lora_path(name)
+            if path is not None:
+                return (name, path), ""
         listed = [st for st in self.replicas.values() if st.base_models]
-        if not listed or any(served in st.base_models for st in listed):
+        if not listed or any(name in st.base_models for st in listed for name in names):
             return None, ""
+        if names[0] not in self._unknown_logged:
+            self._unknown_logged.add(names[0])
+            log.warning("litellm-kv: %s: model %r is neither a base model nor a LoRA adapter that a replica's "
+                        "/v1/models lists; its requests are routed by load until it is listed (or set "
+                        "kv.lora_paths)", self.group, names[0])
         now = time.monotonic()
         if now - self._models_read >= self.options.discovery_interval_s:
             self._models_read = now
