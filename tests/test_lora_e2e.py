@@ -82,19 +82,21 @@ def proxy(lora_engine: EngineReplica, engine_model: Path) -> Iterator[Proxy]:
         p.stop()
 
 
-def _outcomes(proxy: Proxy, group: str) -> dict[str, float]:
-    """litellm_kv_prediction_checks_total of one group, by outcome (exact, under, over, fallback, missing)."""
+def _counts(proxy: Proxy, metric: str, group: str, label: str) -> dict[str, float]:
+    """One group's samples of a litellm-kv counter, by the value of ``label``."""
     text = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
-    prefix = f'litellm_kv_prediction_checks_total{{model_group="{group}",outcome="'
+    prefix = f'{metric}{{model_group="{group}",{label}="'
     return {line[len(prefix):].split('"', 1)[0]: float(line.rpartition(" ")[2])
             for line in text.splitlines() if line.startswith(prefix)}
+
+
+def _outcomes(proxy: Proxy, group: str) -> dict[str, float]:
+    """Prediction checks by outcome (exact, under, over, fallback, missing)."""
+    return _counts(proxy, "litellm_kv_prediction_checks_total", group, "outcome")
 
 
 def _fallbacks(proxy: Proxy, group: str) -> dict[str, float]:
-    text = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
-    prefix = f'litellm_kv_routing_fallbacks_total{{model_group="{group}",why="'
-    return {line[len(prefix):].split('"', 1)[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines() if line.startswith(prefix)}
+    return _counts(proxy, "litellm_kv_routing_fallbacks_total", group, "why")
 
 
 def _chat(proxy: Proxy, group: str, messages: list[dict[str, Any]]) -> tuple[int, str]:
