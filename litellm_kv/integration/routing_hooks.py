@@ -42,6 +42,7 @@ from litellm_kv.routing.router import (
     RoutingResult,
 )
 from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+from litellm_kv.tasks import spawn_held
 from litellm_kv.tokenization import (
     CONTENT_FORMATS,
     VERIFY_SAMPLES,
@@ -250,10 +251,7 @@ class _Group:
                 ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
                 self.requests += 1
                 if self.options.verify_every and self.requests % self.options.verify_every == 0:
-                    check = asyncio.get_running_loop().create_task(
-                        self._spot_check(messages, tools, add_gen, kwargs, ids))
-                    self._spot_checks.add(check)  # a task nobody references can be collected mid-flight
-                    check.add_done_callback(self._spot_checks.discard)
+                    spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
                 return ids, "local"
             except TemplateError:
                 pass
@@ -478,9 +476,7 @@ class KVRoutingHandler(Handler):
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, holding a reference until it is done."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn_held(self._tasks, work)
 
     def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
         cid = _call_id(data)

@@ -52,6 +52,7 @@ from litellm_kv.policy import (
     strictest_choice,
     strictest_min,
 )
+from litellm_kv.tasks import spawn_held
 from litellm_kv.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
 
 log = logging.getLogger("litellm_kv.vision")
@@ -620,9 +621,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 return
             tokens = self._apply(targets, decision, usage)
             # Budgets are charged off the stream's path (the list append cannot await).
-            task = asyncio.get_running_loop().create_task(self._charge(decision, tokens))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            spawn_held(self._tasks, self._charge(decision, tokens))
 
         watch = _UsageWatch(chunks, on_usage)
         for holder in [stream, *_inner_wrappers(stream, chunks)]:

@@ -22,6 +22,7 @@ from litellm_kv.hashing import BlockHasher
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import gauge
 from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv")
 
@@ -334,9 +335,7 @@ class Fleet:
         if now - self._models_read >= self.options.discovery_interval_s:
             self._models_read = now
             for st in listed:
-                task = asyncio.get_running_loop().create_task(self._read_models(st))
-                self._refreshes.add(task)
-                task.add_done_callback(self._refreshes.discard)
+                spawn_held(self._refreshes, self._read_models(st))
         return None, "unknown_model"
 
     def status(self) -> dict[str, Any]:
