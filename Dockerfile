@@ -17,11 +17,11 @@ COPY requirements/proxy.txt requirements/core.txt requirements/
 RUN pip install -r requirements/proxy.txt -r requirements/core.txt
 COPY pyproject.toml setup.py README.md ./
 COPY litellm_kv/ litellm_kv/
-# gcc and OpenSSL's headers only to compile the native hash chain (litellm_kv/_chain.c), then removed;
+# gcc and OpenSSL's headers only to compile the native hash chain (litellm_kv/vllm/_chain.c), then removed;
 # the runtime libcrypto is already in the base image.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
     && pip install --no-deps . \
-    && python -c "import litellm_kv.hashing as h; assert h.NATIVE_HASHING, 'native hash chain not built'" \
+    && python -c "import litellm_kv.vllm.hashing as h; assert h.NATIVE_HASHING, 'native hash chain not built'" \
     && apt-get purge -y gcc libc6-dev libssl-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 # LiteLLM's Prisma client (virtual keys, spend logs) is generated from the schema in the wheel.
 # This downloads Prisma's engine binaries once, at build time, not at every start.

@@ -6,7 +6,7 @@ One real ``litellm`` proxy (LiteLLM 1.110.2) serves two model groups over the sa
 The replicas (the tiny local model, block size 32) have small KV caches (8 MiB = 256 blocks each)
 so a workload's reusable prefixes overflow one replica but fit the fleet.
 
-Workloads come from the simulator's generators (``litellm_kv/bench/workload.py``) with block
+Workloads come from the simulator's generators (``litellm_kv/simulator/workload.py``) with block
 size 32 and small sizes. Their prefix-chained block ids become text: each block id renders as its
 own deterministic pseudo-word sequence (~32 tokens of the tiny model's tokenizer), so requests that
 share leading blocks in the generator share a text prefix, and nothing else is shared. Message
@@ -45,7 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from litellm_kv.bench.workload import (
+from litellm_kv.simulator.workload import (
     SimRequest,
     agent_fanout,
     hot_prefix,
@@ -54,18 +54,18 @@ from litellm_kv.bench.workload import (
     shared_prefix,
     unique_prompts,
 )
-from litellm_kv.engine import EngineClient
-from litellm_kv.hashing import BlockHasher, max_hit_blocks
-from litellm_kv.tokenization import LocalChatTokenizer
-from tests.support.engines import (
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher, max_hit_blocks
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.harness.engines import (
     EngineReplica,
     ensure_model,
     reset_prefix_caches,
     start_replicas,
     stop_replicas,
 )
-from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
-from tests.support.workload import Result
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.workload import Result
 
 KV = "tiny-kv"
 SHUFFLE = "tiny-default"

@@ -1,4 +1,4 @@
-"""Throughput of litellm_kv.hashing and litellm_kv.events, with a naive baseline in the same run.
+"""Throughput of litellm_kv.vllm.hashing and litellm_kv.vllm.events, with a naive baseline in the same run.
 
     .venv/bin/python benchmarks/bench_hashing.py [--quick]
 
@@ -20,8 +20,8 @@ from functools import partial
 
 import msgpack
 
-from litellm_kv.events import decode_event_batch, to_block_ops
-from litellm_kv.hashing import HASH_ALGOS, BlockHasher, hash_object
+from litellm_kv.vllm.events import decode_event_batch, to_block_ops
+from litellm_kv.vllm.hashing import HASH_ALGOS, BlockHasher, hash_object
 
 BLOCK = 16
 GROWTH = 200

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from litellm_kv.index.base import BlockOp, KVIndex, Tier
 from litellm_kv.index.memory import InMemoryIndex
 from litellm_kv.index.redis import RedisIndex
-from tests.support.redis_server import RedisServer
+from tools.harness.redis_server import RedisServer
 
 GROUP = "bench/model"
 BLOCK = 16  # tokens per block (vLLM's GPU default)

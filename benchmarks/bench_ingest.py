@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import msgpack
 
-from litellm_kv.events import decode_event_batch, to_block_ops
 from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
+from litellm_kv.vllm.events import decode_event_batch, to_block_ops
 
 BS = 32
 

@@ -50,11 +50,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from litellm_kv.tokenization import LocalChatTokenizer
-from tests.support.engines import SERVED_NAME, EngineReplica, ensure_model, stop_replicas
-from tests.support.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
-from tests.support.proxy import MASTER_KEY, Proxy, start_proxy
-from tests.support.redis_server import RedisServer
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, stop_replicas
+from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.redis_server import RedisServer
 
 KV = "tiny-kv"
 DEFAULT = "tiny-default"

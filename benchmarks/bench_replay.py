@@ -13,10 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from litellm_kv.bench.report import table
-from litellm_kv.bench.runner import ALL, Slo, knee, run_all
-from litellm_kv.bench.simulator import SimConfig
-from litellm_kv.bench.workload import load_mooncake, scale_rate
+from litellm_kv.simulator.report import table
+from litellm_kv.simulator.runner import ALL, Slo, knee, run_all
+from litellm_kv.simulator.simulation import SimConfig
+from litellm_kv.simulator.workload import load_mooncake, scale_rate
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/conversation_trace.jsonl"
 

@@ -36,15 +36,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litellm_kv.config import Settings, parse_section
-from litellm_kv.engine import EngineClient
-from litellm_kv.hashing import BlockHasher
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
 from litellm_kv.integration.callback import _freeze_startup_heap
 from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group
 from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import ReplicaState, replica_id
 from litellm_kv.routing.router import KVRouter
-from litellm_kv.tokenization import LocalChatTokenizer
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
 
 GROUP = "bench-kv"
 BLOCK = 32  # the CPU engines' block size (tests and demo)
@@ -319,13 +319,13 @@ def main() -> int:
     ap.add_argument("--profile-size", type=int, default=8192)
     ap.add_argument("--model-dir", default=None, help="tokenizer directory (default: the tests' tiny model)")
     args = ap.parse_args()
-    from tests.support.engines import ensure_model
+    from tools.harness.engines import ensure_model
 
     model_dir = args.model_dir or str(ensure_model())
     cells: list[Cell] = []
     for backend in args.backends.split(","):
         if backend == "redis":
-            from tests.support.redis_server import RedisServer
+            from tools.harness.redis_server import RedisServer
 
             srv = RedisServer(name="bench-decision-redis")
             try:

@@ -22,9 +22,9 @@ def _indexer(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run_indexer(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from litellm_kv.indexer.app import create_app
-    from litellm_kv.indexer.config import load_indexer_config
-    from litellm_kv.indexer.service import Indexer
+    from litellm_kv.services.indexer.app import create_app
+    from litellm_kv.services.indexer.config import load_indexer_config
+    from litellm_kv.services.indexer.service import Indexer
 
     cfg = load_indexer_config(args.config)
     if args.host:
@@ -37,21 +37,6 @@ def run_indexer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_reference(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("config-reference",
-                       help="Rewrite docs/configuration.md and docs/metrics.md from the code (or check them).")
-    p.add_argument("--check", action="store_true", help="exit 1 if a generated page is out of date")
-    p.add_argument("--stdout", choices=["configuration", "metrics"], help="print one reference instead")
-    p.set_defaults(func=run_config_reference)
-
-
-def run_config_reference(args: argparse.Namespace) -> int:
-    from litellm_kv import docsgen
-
-    argv = (["--check"] if args.check else []) + (["--stdout", args.stdout] if args.stdout else [])
-    return docsgen.main(argv)
-
-
 def _bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="Trace-replay simulator: litellm-kv vs the field's routing strategies "
                                      "(replay, sweep-load, sweep-fleet, knee; see docs/benchmarks.md).",
@@ -61,7 +46,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_bench(args: argparse.Namespace) -> int:  # reached only through main()'s early dispatch
-    from litellm_kv.bench import cli_main
+    from litellm_kv.simulator import cli_main
 
     return int(cli_main(list(args.rest)) or 0)
 
@@ -69,7 +54,7 @@ def run_bench(args: argparse.Namespace) -> int:  # reached only through main()'s
 # Each entry adds one subparser and sets ``func``; other subcommands (demo, bench) register here
 # the same way.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
-    _indexer, _config_reference, _bench,
+    _indexer, _bench,
 ]
 
 
@@ -85,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         # The simulator has its own sub-commands and options; hand everything after 'bench' to it.
-        from litellm_kv.bench import cli_main
+        from litellm_kv.simulator import cli_main
 
         return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)

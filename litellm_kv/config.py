@@ -4,7 +4,7 @@ The settings live in the LiteLLM ``config.yaml`` under a top-level ``litellm_kv:
 ignores keys it does not know), or in a separate YAML file named by the environment variable
 ``LITELLM_KV_CONFIG``. Every field carries its documentation in ``metadata["doc"]``; the
 configuration reference in ``docs/configuration.md`` is generated from these docstrings
-(``python -m litellm_kv.cli config-reference``) and a test checks they agree.
+(``python -m tools.docsgen``, a repository tool) and a test checks they agree.
 
 Feature modules declare their own section dataclasses and parse them with :func:`parse_section`;
 unknown keys and wrongly typed values are a :class:`~litellm_kv.errors.ConfigError` naming the path.

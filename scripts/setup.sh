@@ -12,7 +12,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-# gcc + OpenSSL headers: the compiled block-hash chain (litellm_kv/_chain.c; optional, pure Python without).
+# gcc + OpenSSL headers: the compiled block-hash chain (litellm_kv/vllm/_chain.c; optional, pure Python without).
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -23,7 +23,7 @@ fi
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 
 # Proxy side: LiteLLM + litellm-kv + test tools.
-want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml setup.py litellm_kv/_chain.c)
+want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml setup.py litellm_kv/vllm/_chain.c)
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
   log "creating .venv (LiteLLM 1.110.2, litellm-kv, test tools)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
+from tools.harness.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
 
 
 @pytest.fixture(scope="session")

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from litellm_kv.engine import EngineClient
-from litellm_kv.hashing import BlockHasher
-from tests.support.engines import reset_prefix_caches, start_replicas
-from tests.support.proxy import MASTER_KEY, start_proxy
-from tests.support.workload import COMPARISON, RunStats, format_table, make_workload, run_workload
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher
+from tools.harness.engines import reset_prefix_caches, start_replicas
+from tools.harness.proxy import MASTER_KEY, start_proxy
+from tools.harness.workload import COMPARISON, RunStats, format_table, make_workload, run_workload
 
 KV_GROUP = "tiny-kv"
 DEFAULT_GROUP = "tiny-default"

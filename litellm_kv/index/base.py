@@ -2,7 +2,7 @@
 
 Data model: per model group, for each replica, a reference count per (block hash, tier).
 Hashes are the 64-bit *wire* form vLLM publishes in KV events by default
-(:meth:`litellm_kv.hashing.BlockHasher.to_wire`); events that carry raw digests are converted
+(:meth:`litellm_kv.vllm.hashing.BlockHasher.to_wire`); events that carry raw digests are converted
 to that form before they reach an index. A block is present on a replica while its count
 on some tier is > 0: the engine can hold several physical copies of one hash, each announced
 by its own ``BlockStored`` and evicted by its own ``BlockRemoved`` (vllm-contract.md §9), so a

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from litellm_kv.budgets import PeriodBudgets, make_period_budgets
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.governance.budgets import PeriodBudgets, make_period_budgets
+from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration.hooks import Handler, ProxyRequest
-from litellm_kv.policy import PolicyLayer, config_layer, metadata_layer
 
 G = TypeVar("G")
 

@@ -3,7 +3,7 @@
 Before the call (:meth:`ReasoningHandler.pre_call`): resolve the key/team/group policy, read what
 the client asked for (any field), remove every client reasoning field, check period budgets (429),
 clamp or reject over the per-request maximum, and write the decided fields in the group's provider
-style (:func:`litellm_kv.reasoning.apply_decision`). The decision travels in the request metadata
+style (:func:`litellm_kv.governance.reasoning.apply_decision`). The decision travels in the request metadata
 (``metadata.litellm_kv_reasoning``, always overwritten, so a client cannot forge it).
 
 After the call (deployment-level hooks, streams included): take ``reasoning_tokens`` from the
@@ -22,21 +22,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from litellm_kv.billing import (
+from litellm_kv.config import Settings
+from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
+from litellm_kv.governance.billing import (
     record_breakdown,
     reported_reasoning_tokens,
     request_metadata_dicts,
     set_reasoning_tokens,
     usage_of,
 )
-from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets
-from litellm_kv.config import Settings
-from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.integration.governance import GovernanceHandler
-from litellm_kv.integration.hooks import ProxyRequest
-from litellm_kv.observability import counter
-from litellm_kv.policy import PolicyLayer
-from litellm_kv.reasoning import (
+from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.policy import PolicyLayer
+from litellm_kv.governance.reasoning import (
     POLICY_FIELDS,
     ClientAsk,
     Decision,
@@ -48,8 +45,11 @@ from litellm_kv.reasoning import (
     resolve_policy,
     strip_client_reasoning,
 )
+from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.hooks import ProxyRequest
+from litellm_kv.observability import counter
 
-log = logging.getLogger("litellm_kv.reasoning")
+log = logging.getLogger("litellm_kv.governance.reasoning")
 
 METER = "reasoning_tokens"
 DECISION_KEY = "litellm_kv_reasoning"
@@ -163,7 +163,7 @@ def _part(choice: Any, name: str) -> Any:
 
 
 class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
-    """Per-key reasoning budgets (see :mod:`litellm_kv.reasoning` for the policy schema)."""
+    """Per-key reasoning budgets (see :mod:`litellm_kv.governance.reasoning` for the policy schema)."""
 
     name = "reasoning"
     section = "reasoning"

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
-from litellm_kv.hashing import NATIVE_HASHING
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
@@ -43,7 +42,8 @@ from litellm_kv.routing.router import (
 )
 from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
 from litellm_kv.tasks import spawn_held
-from litellm_kv.tokenization import (
+from litellm_kv.vllm.hashing import NATIVE_HASHING
+from litellm_kv.vllm.tokenization import (
     CONTENT_FORMATS,
     VERIFY_SAMPLES,
     LocalChatTokenizer,
@@ -587,9 +587,9 @@ class KVRoutingHandler(Handler):
     def health(self) -> dict[str, Any]:
         return {
             "mode": self.settings.mode,
-            # How sha256 block hashes are computed: the compiled chain (litellm_kv/_chain.c) or Python.
+            # How sha256 block hashes are computed: the compiled chain (litellm_kv/vllm/_chain.c) or Python.
             # Exact either way; the Python path costs ~0.6 ms more per never-seen 8K-token prompt.
-            "hashing": "native" if NATIVE_HASHING else "python (litellm_kv/_chain.c not built)",
+            "hashing": "native" if NATIVE_HASHING else "python (litellm_kv/vllm/_chain.c not built)",
             "groups": {
                 name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow}
                 for name, g in self.groups.items()

@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from litellm_kv.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
-from litellm_kv.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.config import Settings, doc
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.images import (
+from litellm_kv.governance.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
+from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.images import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     ImageBounds,
@@ -41,10 +41,7 @@ from litellm_kv.images import (
     image_info,
     measure,
 )
-from litellm_kv.integration.governance import GovernanceHandler
-from litellm_kv.integration.hooks import ProxyRequest
-from litellm_kv.observability import counter, histogram
-from litellm_kv.policy import (
+from litellm_kv.governance.policy import (
     Limit,
     PeriodLimit,
     PolicyLayer,
@@ -52,10 +49,13 @@ from litellm_kv.policy import (
     strictest_choice,
     strictest_min,
 )
+from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
+from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.hooks import ProxyRequest
+from litellm_kv.observability import counter, histogram
 from litellm_kv.tasks import spawn_held
-from litellm_kv.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
 
-log = logging.getLogger("litellm_kv.vision")
+log = logging.getLogger("litellm_kv.governance.vision")
 
 METER = "visual_tokens"
 DECISION_KEY = "litellm_kv_vision"

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_kv.engine import EngineClient
-from litellm_kv.hashing import BlockHasher
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import gauge
 from litellm_kv.routing.options import KVRoutingOptions
 from litellm_kv.tasks import spawn_held
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher
 
 log = logging.getLogger("litellm_kv")
 
@@ -158,7 +158,7 @@ class Fleet:
         REPLICA_READY.labels(self.group, st.replica).set(1)
 
     async def _start_subscriber(self, st: ReplicaState, deployment: dict[str, Any] | None) -> None:
-        from litellm_kv.subscriber import start_replica_subscribers
+        from litellm_kv.vllm.subscriber import start_replica_subscribers
 
         info = ((deployment or {}).get("model_info") or {}).get("litellm_kv") or {}
         st.subscriber = await start_replica_subscribers(

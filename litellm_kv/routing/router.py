@@ -12,13 +12,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from litellm_kv.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
 from litellm_kv.index.base import KVIndex, ReplicaMatch
 from litellm_kv.index.redis import ScriptRider
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, Decision
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.vllm.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
 
 DECISIONS = counter(
     "routing_decisions",

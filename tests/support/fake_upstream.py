@@ -172,7 +172,7 @@ def build_app(args: argparse.Namespace) -> Starlette:
 
 def start_fake_upstream(name: str, *args: str, timeout: float = 30.0) -> tuple[Any, str]:
     """Start one fake deployment as its own process on a free port; returns (process, base URL)."""
-    from tests.support.procs import PYTHON, ROOT, ManagedProcess, free_port
+    from tools.harness.procs import PYTHON, ROOT, ManagedProcess, free_port
 
     port = free_port()
     proc = ManagedProcess(f"fake-{name}", [PYTHON, "-m", "tests.support.fake_upstream", "--port", str(port),

@@ -27,9 +27,9 @@ from pathlib import Path
 VERSION = "tiny-qwen2-v4"
 MARKER = "litellm_kv_model_version.txt"
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # litellm_kv.bpe (stdlib only at import) from the engine venv
+sys.path.insert(0, str(ROOT))  # litellm_kv.vllm.bpe (stdlib only at import) from the engine venv
 
-from litellm_kv.bpe import QWEN2_PATTERN  # noqa: E402  (what transformers' Qwen2Tokenizer installs)
+from litellm_kv.vllm.bpe import QWEN2_PATTERN  # noqa: E402  (what transformers' Qwen2Tokenizer installs)
 
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
 

@@ -1,0 +1,312 @@
+"""The indexer: every configured replica's KV events into the shared Redis index.
+
+Per replica it learns the engine's block size and hash algorithm from ``vllm:cache_config_info``
+and its event endpoints from ``GET /kv_event_sources`` (or takes them from the config), follows
+each data-parallel rank's stream (:mod:`litellm_kv.services.indexer.stream`), writes a heartbeat to Redis
+every ``heartbeat_interval_s`` and checks sampled ``BlockStored`` events for exactness. Any number
+of indexers may run for the same replicas: Redis applies each batch once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import zmq.asyncio
+from redis.exceptions import RedisError
+
+from litellm_kv.index.redis import RedisIndex
+from litellm_kv.observability import counter, gauge, histogram
+from litellm_kv.routing.fleet import replica_id
+from litellm_kv.services.indexer.config import IndexerConfig, ReplicaConfig
+from litellm_kv.services.indexer.stream import EventStream
+from litellm_kv.tasks import cancel_and_wait
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.exactness import ExactnessChecker
+from litellm_kv.vllm.hashing import BlockHasher, predicted_hit_tokens
+from litellm_kv.vllm.subscriber import connectable
+
+log = logging.getLogger("litellm_kv.services.indexer")
+
+REPLICA_EXACT = gauge(
+    "indexer_replica_exact",
+    "1 while a replica's engine facts are known and agree with the config and no exactness check failed.",
+    ["model_group", "replica"],
+)
+PURGES = counter(
+    "indexer_purges", "Replicas purged by this indexer, by reason (removed, expired, engine_restart).",
+    ["model_group", "reason"],
+)
+INDEX_ENTRIES = gauge("indexer_index_entries", "(replica, block) entries in Redis per group.", ["model_group"])
+REDIS_UP = gauge("indexer_redis_up", "1 when the last Redis call of the maintenance loop succeeded.")
+LOOKUP_SECONDS = histogram(
+    "indexer_lookup_seconds", "POST /lookup latency (hashing + one Redis round trip).", ["model_group"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+)
+
+
+@dataclass(slots=True)
+class ReplicaRuntime:
+    """Everything the indexer knows about one replica."""
+
+    group: str
+    replica: str
+    cfg: ReplicaConfig
+    client: EngineClient
+    streams: list[EventStream] = field(default_factory=list)
+    block_size: int | None = None
+    hash_algo: str | None = None
+    prefix_caching: bool | None = None
+    engine_started: float | None = None
+    error: str = ""
+    not_exact: str = ""
+    checker: ExactnessChecker | None = None
+    last_heartbeat: float = 0.0
+
+    def health(self) -> dict[str, Any]:
+        streams = [s.health() for s in self.streams]
+        return {
+            "model_group": self.group,
+            "replica": self.replica,
+            "connected": bool(streams) and all(s["connected"] for s in streams),
+            "last_seq": max((int(s["last_seq"]) for s in streams), default=-1),  # type: ignore[call-overload]
+            "events_applied": sum(int(s["events_applied"]) for s in streams),  # type: ignore[call-overload]
+            "gaps": sum(int(s["gaps"]) for s in streams),  # type: ignore[call-overload]
+            "replays": sum(int(s["replays"]) for s in streams),  # type: ignore[call-overload]
+            "resyncs": sum(int(s["resyncs"]) for s in streams),  # type: ignore[call-overload]
+            "block_size": self.block_size,
+            "hash_algo": self.hash_algo,
+            "exact": not self.not_exact and not self.error,
+            "not_exact": self.not_exact or None,
+            "error": self.error or None,
+            "exactness": asdict(self.checker.stats) if self.checker is not None else None,
+            "streams": streams,
+        }
+
+
+class Indexer:
+    """Runs the streams, heartbeats and expiry for an :class:`IndexerConfig`."""
+
+    def __init__(self, cfg: IndexerConfig, index: RedisIndex | None = None) -> None:
+        self.cfg = cfg
+        self.index = index or RedisIndex(cfg.redis_url)
+        self.ctx = zmq.asyncio.Context()
+        self.replicas: dict[tuple[str, str], ReplicaRuntime] = {}
+        self._hashers: dict[tuple[str, int, str], BlockHasher] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.redis_ok = False
+        self.started = time.time()
+        for group, gcfg in cfg.model_groups.items():
+            for rc in gcfg.replicas:
+                rid = replica_id(rc.api_base)
+                base = rc.api_base.rstrip("/")
+                base = base[:-3] if base.endswith("/v1") else base
+                rt = ReplicaRuntime(group, rid, rc, EngineClient(base, timeout=cfg.engine_timeout_s))
+                rt.checker = self._checker(rt)
+                self.replicas[(group, rid)] = rt
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self._purge_unconfigured()
+        for rt in self.replicas.values():
+            await self._bring_up(rt)
+        self._task = asyncio.get_running_loop().create_task(self._maintain(), name="kv-indexer-maintain")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task, Exception)
+        for rt in self.replicas.values():
+            for s in rt.streams:
+                await s.stop()
+            await rt.client.aclose()
+        self.ctx.term()
+        await self.index.close()
+
+    async def _purge_unconfigured(self) -> None:
+        """Replicas of configured groups that left the config are purged (and their dedupe state)."""
+        for group in self.cfg.model_groups:
+            configured = {rid for (g, rid) in self.replicas if g == group}
+            for rid in await self.index.replicas(group):
+                if rid not in configured:
+                    n = await self.index.purge_replica(group, rid, forget_streams=True)
+                    PURGES.labels(group, "removed").inc()
+                    log.info("indexer: replica %s left group %s: purged %d entries", rid, group, n)
+
+    async def _bring_up(self, rt: ReplicaRuntime) -> None:
+        """Read engine facts and event endpoints; start the streams. Failures are retried later."""
+        try:
+            await self._read_facts(rt)
+            if not rt.streams:
+                for stream in await self._streams_of(rt):
+                    stream.start()
+                    rt.streams.append(stream)
+            rt.error = ""
+        except Exception as exc:
+            rt.error = f"{type(exc).__name__}: {exc}"
+            log.warning("indexer: replica %s of %s not ready: %s", rt.replica, rt.group, rt.error)
+        self._refresh_exact(rt)
+
+    async def _read_facts(self, rt: ReplicaRuntime) -> None:
+        m = await rt.client.metrics()
+        rt.block_size, rt.hash_algo, rt.prefix_caching = m.block_size, m.hash_algo, m.prefix_caching
+        started = getattr(m, "process_start_time", None)
+        if rt.engine_started is not None and started is not None and started != rt.engine_started:
+            # A restarted engine (new process) lost its cache; its events restart at seq 0.
+            await self._engine_restarted(rt)
+        rt.engine_started = started
+
+    async def _engine_restarted(self, rt: ReplicaRuntime) -> None:
+        n = await self.index.purge_replica(rt.group, rt.replica, forget_streams=True)
+        PURGES.labels(rt.group, "engine_restart").inc()
+        log.warning("indexer: engine %s restarted: purged %d entries; re-learning", rt.replica, n)
+
+    async def _streams_of(self, rt: ReplicaRuntime) -> list[EventStream]:
+        cfg = rt.cfg
+        endpoints: list[tuple[str, str | None, str]] = []
+        if cfg.event_endpoints:
+            for i, ep in enumerate(cfg.event_endpoints):
+                replay = cfg.replay_endpoints[i] if i < len(cfg.replay_endpoints) else None
+                endpoints.append((ep, replay, cfg.topic or ""))
+        else:
+            sources = await rt.client.kv_event_sources()
+            if not sources:
+                raise RuntimeError("GET /kv_event_sources lists no publisher (KV events disabled?)")
+            for src in sources:
+                replay = src.replay_endpoint
+                endpoints.append((
+                    connectable(src.endpoint, cfg.api_base),
+                    connectable(replay, cfg.api_base) if replay else None,
+                    cfg.topic if cfg.topic is not None else src.topic,
+                ))
+        out = []
+        for rank, (ep, replay, topic) in enumerate(endpoints):
+            out.append(EventStream(
+                self.index, self.ctx, group=rt.group, replica=rt.replica, stream=f"{rt.replica}#{rank}",
+                endpoint=ep, replay_endpoint=replay, topic=topic, bind=cfg.bind,
+                check=rt.checker.observe if rt.checker is not None else None,
+                replay_timeout_s=self.cfg.replay_timeout_s, backoff_max_s=self.cfg.redis_backoff_max_s,
+            ))
+        return out
+
+    # -- exactness -------------------------------------------------------------------------------
+
+    def hasher(self, group: str, block_size: int | None = None) -> BlockHasher | None:
+        """The group's hasher (engine-reported algorithm and block size, configured seed)."""
+        facts = [rt for (g, _), rt in self.replicas.items() if g == group and rt.block_size and rt.hash_algo]
+        if not facts:
+            return None
+        bs = block_size or int(facts[0].block_size or 0)
+        algo = str(facts[0].hash_algo)
+        seed = self.cfg.seed_of(group) or ""
+        key = (algo, bs, seed)
+        h = self._hashers.get(key)
+        if h is None:
+            h = self._hashers[key] = BlockHasher(algo=algo, block_size=bs, hash_seed=self.cfg.seed_of(group))
+        return h if h.exact_possible else None
+
+    def _checker(self, rt: ReplicaRuntime) -> ExactnessChecker:
+        rate = self.cfg.exactness_sample_rate
+        return ExactnessChecker(
+            lambda bs: self.hasher(rt.group, bs),
+            sample_every=0 if rate <= 0 else max(1, round(1 / rate)),
+            group=rt.group,
+            replica=rt.replica,
+            on_mismatch=lambda why: self._mismatch(rt, why),
+        )
+
+    def _mismatch(self, rt: ReplicaRuntime, why: str) -> None:
+        # The checker has counted and logged it; the replica stays not exact until restart.
+        rt.not_exact = f"exactness check failed: {why}"
+        self._refresh_exact(rt)
+
+    def _refresh_exact(self, rt: ReplicaRuntime) -> None:
+        g = self.cfg.model_groups[rt.group]
+        why = rt.not_exact if rt.not_exact.startswith("exactness") else ""
+        if not why:
+            if rt.block_size is None or rt.hash_algo is None:
+                why = "engine does not report vllm:cache_config_info"
+            elif g.block_size is not None and g.block_size != rt.block_size:
+                why = f"configured block_size {g.block_size}, engine reports {rt.block_size}"
+            elif g.hash_algo is not None and g.hash_algo != rt.hash_algo:
+                why = f"configured hash_algo {g.hash_algo}, engine reports {rt.hash_algo}"
+            elif rt.prefix_caching is False:
+                why = "prefix caching is off"
+            elif self.hasher(rt.group) is None:
+                why = "hash chain cannot be reproduced (xxhash without hash_seed)"
+        rt.not_exact = why
+        REPLICA_EXACT.labels(rt.group, rt.replica).set(0 if why or rt.error else 1)
+
+    # -- maintenance -----------------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        """Heartbeats, engine facts, expiry of dead replicas, retries; survives Redis outages."""
+        last_retry = 0.0
+        while True:
+            now = time.monotonic()
+            try:
+                for rt in self.replicas.values():
+                    if rt.error or not rt.streams:
+                        if now - last_retry >= self.cfg.discovery_interval_s:
+                            await self._bring_up(rt)
+                        continue
+                    try:
+                        await self._read_facts(rt)
+                    except (RedisError, OSError):
+                        raise
+                    except Exception as exc:
+                        log.warning("indexer: %s metrics unreachable: %s", rt.replica, exc)
+                        continue  # no heartbeat: the replica expires if this lasts
+                    await self.index.heartbeat(rt.group, rt.replica, self.cfg.heartbeat_ttl_s)
+                    for stream in rt.streams:
+                        await stream.verify()
+                    rt.last_heartbeat = time.time()
+                    self._refresh_exact(rt)
+                if now - last_retry >= self.cfg.discovery_interval_s:
+                    last_retry = now
+                for group, rid in await self.index.expire():
+                    PURGES.labels(group, "expired").inc()
+                    log.warning("indexer: replica %s of %s expired (no heartbeat): purged", rid, group)
+                for group in self.cfg.model_groups:
+                    INDEX_ENTRIES.labels(group).set(await self.index.size(group))
+                    # Finish purges whose sweep another process left unfinished (it died, or Redis blipped).
+                    self.index.start_sweep(group)
+                self.redis_ok = True
+            except (RedisError, OSError) as exc:
+                if self.redis_ok:
+                    log.warning("indexer: Redis unavailable: %s", exc)
+                self.redis_ok = False
+            REDIS_UP.set(1 if self.redis_ok else 0)
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+
+    # -- API -------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        reps = [rt.health() for rt in self.replicas.values()]
+        ok = self.redis_ok and all(r["connected"] and r["exact"] for r in reps)
+        return {"status": "ok" if ok else "degraded", "redis": self.redis_ok, "replicas": reps}
+
+    async def lookup(self, group: str, token_ids: list[int]) -> dict[str, Any]:
+        """Predicted hit tokens per replica for a prompt's token ids (the max-hit rule applied)."""
+        t0 = time.perf_counter()
+        hasher = self.hasher(group)
+        if hasher is None:
+            raise LookupError(f"model group {group!r}: block size / hash algorithm not known yet")
+        hashes = hasher.wire_hashes(token_ids)
+        matches = await self.index.lookup(group, hashes)
+        out = {}
+        for rt in (rt for (g, _), rt in self.replicas.items() if g == group):
+            m = matches.get(rt.replica)
+            blocks = m.blocks if m else 0
+            out[rt.replica] = {
+                "hit_tokens": predicted_hit_tokens(blocks, len(token_ids), hasher.block_size),
+                "blocks": {"gpu": m.gpu if m else 0, "cpu": m.cpu if m else 0, "storage": m.storage if m else 0},
+                "exact": not rt.not_exact and not rt.error,
+            }
+        LOOKUP_SECONDS.labels(group).observe(time.perf_counter() - t0)
+        return {"model_group": group, "prompt_tokens": len(token_ids), "block_size": hasher.block_size,
+                "replicas": out}

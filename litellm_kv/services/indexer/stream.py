@@ -1,0 +1,322 @@
+"""One KV-event stream (a replica's data-parallel rank) fed into the shared Redis index.
+
+Unlike the embedded subscriber, the position in the stream lives in Redis, not in this process:
+each batch goes through :meth:`RedisIndex.apply_batch`, which applies it only if it is the next
+``seq`` of the stream. That single rule gives all the recovery paths:
+
+* **indexer restart** (or a second indexer starting): read the last applied ``seq`` from Redis,
+  ask the engine's replay socket for everything after it, then follow live batches; batches the
+  other indexer already applied come back as duplicates and are skipped;
+* **gap** (dropped messages): Redis answers "gap"; replay from the last applied ``seq`` + 1;
+* **lost batches** (the replay buffer no longer reaches back, or there is no replay socket): the
+  first batch after the hole is applied with ``force``: the replica is purged and re-learned;
+* **engine restart**: a lower ``seq`` with a newer timestamp; the script purges the replica;
+* **Redis outage**: the apply raises; the stream waits with exponential backoff, then resumes as
+  after a restart (a Redis that lost its data has no stream state: replay from 0).
+
+``BlockStored`` events with parent None go to Redis as :class:`RootStored` ops: with
+``kv_cache_report_mode: "full"`` they may re-announce a prefix-cache hit, which the apply script
+does not count again when the replica already holds the whole chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import zmq
+import zmq.asyncio
+from redis.exceptions import RedisError
+
+from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, RedisIndex, RootStored
+from litellm_kv.observability import counter, gauge
+from litellm_kv.tasks import cancel_and_wait
+from litellm_kv.vllm.events import AllBlocksCleared, BlockStored, EventDecodeError, decode_event_batch, to_block_ops
+
+log = logging.getLogger("litellm_kv.services.indexer")
+
+_END_SEQ = b"\xff" * 8
+
+BATCHES = counter(
+    "indexer_batches", "KV-event batches handled, by outcome (applied, duplicate, gap, restart, bad).",
+    ["model_group", "replica", "outcome"],
+)
+BLOCKS = counter(
+    "indexer_block_ops", "Block hashes whose refcount an applied batch changed.", ["model_group", "replica"]
+)
+GAPS = counter("indexer_gaps", "Gaps found in a replica's event sequence.", ["model_group", "replica"])
+REPLAYS = counter(
+    "indexer_replays", "Replay requests sent to a replica's replay socket.", ["model_group", "replica"]
+)
+RESYNCS = counter(
+    "indexer_resyncs",
+    "Times a replica was purged and re-learned (engine restart, lost batches, AllBlocksCleared).",
+    ["model_group", "replica"],
+)
+REANNOUNCED = counter(
+    "indexer_reannounced",
+    "Root BlockStored events of chains a replica already held (kv_cache_report_mode=full re-announcing "
+    "prefix-cache hits), not counted again.",
+    ["model_group", "replica"],
+)
+LAST_SEQ = gauge("indexer_last_seq", "Last KV-event seq applied to Redis.", ["model_group", "replica", "stream"])
+CONNECTED = gauge(
+    "indexer_stream_connected",
+    "1 while the stream follows live events into Redis; 0 while Redis is unreachable or it resumes.",
+    ["model_group", "replica", "stream"],
+)
+
+EventCheck = Callable[[BlockStored], None]
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """What ``/health`` shows per stream."""
+
+    stream: str
+    endpoint: str
+    replay_endpoint: str | None
+    connected: bool = False
+    last_seq: int = -1
+    last_batch_age_s: float | None = None
+    batches_seen: int = 0
+    events_applied: int = 0
+    duplicates: int = 0
+    reannounced: int = 0
+    gaps: int = 0
+    replays: int = 0
+    resyncs: int = 0
+    bad_payloads: int = 0
+    redis_errors: int = 0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class EventStream:
+    """Follows one publisher (SUB) into Redis, replaying from its ROUTER socket when needed."""
+
+    def __init__(
+        self,
+        index: RedisIndex,
+        ctx: zmq.asyncio.Context,
+        *,
+        group: str,
+        replica: str,
+        stream: str,
+        endpoint: str,
+        replay_endpoint: str | None,
+        topic: str = "",
+        bind: bool = False,
+        check: EventCheck | None = None,
+        replay_timeout_s: float = 5.0,
+        backoff_max_s: float = 5.0,
+    ) -> None:
+        self.index = index
+        self.ctx = ctx
+        self.group, self.replica = group, replica
+        self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
+        self.topic, self.bind = topic, bind
+        self.check = check  # sees every BlockStored (it samples itself)
+        self.replay_timeout_s, self.backoff_max_s = replay_timeout_s, backoff_max_s
+        self.stats = StreamStats(stream, endpoint, replay_endpoint)
+        self._last_batch = 0.0
+        self._rng = random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._labels = (group, replica)
+        self._force_next = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+        if self.bind:
+            sub.bind(self.endpoint)
+        else:
+            sub.connect(self.endpoint)
+        self._sub = sub
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-stream-{self.stats.stream}")
+
+    def resync(self) -> None:
+        """Restart from Redis's position (Redis lost data, or another indexer reset the stream).
+        Cancelling mid-apply is safe: the position is in Redis, whatever the outcome."""
+        if self._task is not None:
+            self._task.cancel()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-stream-{self.stats.stream}")
+
+    async def verify(self) -> None:
+        """Resync when Redis is behind what this stream applied (data lost: a restart without
+        persistence, a failover, or a purge by another indexer). Raises RedisError if down."""
+        state = await self.index.stream_state(self.group, self.stats.stream)
+        if self.stats.last_seq >= 0 and (state is None or state[0] < self.stats.last_seq):
+            log.warning("indexer %s: Redis has %s but this stream applied up to %d: resynchronising",
+                        self.stats.stream, "no position" if state is None else f"seq {state[0]}",
+                        self.stats.last_seq)
+            self.stats.resyncs += 1
+            RESYNCS.labels(*self._labels).inc()
+            self.stats.last_seq = -1 if state is None else state[0]
+            self.resync()
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task, Exception)
+        if self._sub is not None:
+            self._sub.close(linger=0)
+        self._set_connected(False)
+
+    def health(self) -> dict[str, object]:
+        if self._last_batch:
+            self.stats.last_batch_age_s = round(time.monotonic() - self._last_batch, 3)
+        return self.stats.as_dict()
+
+    # -- main loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await self._resume()
+                self._set_connected(True)
+                backoff = 0.1
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                self._set_connected(False)
+                self.stats.redis_errors += 1
+                self.stats.last_error = f"redis: {exc}"
+                log.warning("indexer %s: Redis unavailable (%s); retrying in %.1fs", self.stats.stream, exc,
+                            backoff)
+                await asyncio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, self.backoff_max_s)
+            except Exception as exc:  # never let one stream die silently
+                self._set_connected(False)
+                self.stats.last_error = repr(exc)
+                log.exception("indexer %s: stream failed; restarting", self.stats.stream)
+                await asyncio.sleep(1.0)
+
+    async def _resume(self) -> None:
+        """Catch up from Redis's position: replay everything after the last applied seq."""
+        state = await self.index.stream_state(self.group, self.stats.stream)
+        start = 0 if state is None else state[0] + 1
+        self.stats.last_seq = -1 if state is None else state[0]
+        await self._replay(start)
+
+    async def _follow(self) -> None:
+        assert self._sub is not None
+        while True:
+            frames = await self._sub.recv_multipart()
+            if len(frames) != 3:
+                self.stats.bad_payloads += 1
+                continue
+            seq = int.from_bytes(frames[1], "big")
+            res = await self._apply(seq, frames[2])
+            if res is not None and res.status is ApplyStatus.GAP:
+                self.stats.gaps += 1
+                GAPS.labels(*self._labels).inc()
+                log.info("indexer %s: gap before seq %d (Redis has %d); replaying", self.stats.stream, seq,
+                         res.last_seq)
+                await self._replay(res.last_seq + 1)
+
+    async def _replay(self, start: int) -> None:
+        """Apply the engine's buffered batches from ``start``; a hole in them is a forced resync."""
+        batches = await self._request_replay(start) if self.replay_endpoint else None
+        if batches is None:
+            # No replay socket (or it did not answer): the next live batch re-learns the replica.
+            self._force_next = True
+            return
+        expected = start
+        for seq, payload in batches:
+            if seq < expected:
+                continue
+            await self._apply(seq, payload, force=seq != expected)
+            expected = seq + 1
+
+    async def _apply(self, seq: int, payload: bytes, *, force: bool = False) -> ApplyResult | None:
+        self.stats.batches_seen += 1
+        self._last_batch = time.monotonic()
+        try:
+            batch = decode_event_batch(payload)
+        except EventDecodeError as exc:
+            self.stats.bad_payloads += 1
+            self.stats.last_error = f"bad payload at seq {seq}: {exc}"
+            BATCHES.labels(*self._labels, "bad").inc()
+            return None
+        ops: list[ApplyOp] = []
+        for ev in batch.events:
+            if isinstance(ev, AllBlocksCleared):
+                ops.append(CLEAR)
+                continue
+            if not isinstance(ev, BlockStored):
+                ops.extend(to_block_ops(ev))
+                continue
+            # Parent None: possibly a re-announced hit; Redis decides against the replica's entries.
+            root = ev.parent_block_hash is None
+            ops.extend(RootStored(op) if root else op for op in to_block_ops(ev))
+            if self.check is not None:
+                try:
+                    self.check(ev)
+                except Exception as exc:  # a broken check must never stop indexing
+                    self.stats.last_error = f"exactness check failed to run: {exc!r}"
+        if self._force_next:
+            force, self._force_next = True, False
+        res = await self.index.apply_batch(
+            self.group, self.replica, ops, stream=self.stats.stream, seq=seq, ts=batch.ts, force=force
+        )
+        BATCHES.labels(*self._labels, res.status.value).inc()
+        if res.status in (ApplyStatus.APPLIED, ApplyStatus.RESTART):
+            self.stats.events_applied += len(batch.events)
+            self.stats.last_seq = res.last_seq
+            LAST_SEQ.labels(*self._labels, self.stats.stream).set(res.last_seq)
+            BLOCKS.labels(*self._labels).inc(res.touched)
+            if res.reannounced:
+                self.stats.reannounced += res.reannounced
+                REANNOUNCED.labels(*self._labels).inc(res.reannounced)
+        elif res.status is ApplyStatus.DUPLICATE:
+            self.stats.duplicates += 1
+            self.stats.last_seq = max(self.stats.last_seq, res.last_seq)
+        if res.status is ApplyStatus.RESTART or (res.status is ApplyStatus.GAP and res.purged):
+            self.stats.resyncs += 1
+            RESYNCS.labels(*self._labels).inc()
+            log.warning("indexer %s: replica purged and re-learning (seq %d, %d entries dropped, %s)",
+                        self.stats.stream, seq, res.purged, "forced" if force else "engine restarted")
+        return res
+
+    async def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """Ask the ROUTER for batches from ``start``; None when it does not answer in time."""
+        assert self.replay_endpoint is not None
+        self.stats.replays += 1
+        REPLAYS.labels(*self._labels).inc()
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.replay_endpoint)
+        out: list[tuple[int, bytes]] = []
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.replay_timeout_s
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not await sock.poll(int(left * 1000)):
+                    self.stats.last_error = f"replay from {start} timed out after {len(out)} batches"
+                    log.warning("indexer %s: %s", self.stats.stream, self.stats.last_error)
+                    return out or None
+                frames = await sock.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                if frames[2] == _END_SEQ:
+                    return out
+                out.append((int.from_bytes(frames[2], "big"), frames[3]))
+                deadline = time.monotonic() + self.replay_timeout_s
+        finally:
+            sock.close(linger=0)
+
+    def _set_connected(self, up: bool) -> None:
+        self.stats.connected = up
+        CONNECTED.labels(*self._labels, self.stats.stream).set(1 if up else 0)

@@ -1,0 +1,292 @@
+"""Decoding of vLLM KV-cache event batches (vllm-contract.md §5).
+
+The publisher sends ``KVEventBatch`` as msgpack: an array ``[ts, [event, ...], dp_rank]``
+whose events are maps tagged by ``"type"`` (vLLM >= 0.11) or, from older engines, positional
+arrays ``["BlockStored", block_hashes, parent_block_hash, ...]``. Both are accepted; map keys
+this module does not know are ignored, so newer engines keep working.
+
+Block hashes arrive as 64-bit ints (the default) or as raw digests (msgpack ``bin``, when the
+engine runs with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``). Events keep them as sent in
+``block_hashes`` and also carry ``wire_block_hashes``, the 64-bit form the index uses.
+
+Every malformed payload raises :class:`EventDecodeError` and nothing else, so a subscriber
+can count and skip bad frames with one ``except``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import msgpack
+
+from litellm_kv.index.base import BlockOp, tier_of_medium
+
+_U64_MAX: Final = (1 << 64) - 1
+_INT_TYPES: Final = frozenset({int})
+
+RawHash: TypeAlias = "int | bytes"
+
+
+class EventDecodeError(ValueError):
+    """A KV-event payload is not a valid ``KVEventBatch``; the message says what is wrong."""
+
+
+@dataclass(slots=True)
+class BlockStored:
+    """Blocks that became cached on a replica (one event per request, group and step)."""
+
+    block_hashes: tuple[RawHash, ...]
+    parent_block_hash: RawHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None  # deprecated in vLLM: lora_int_id
+    medium: str | None = None  # "GPU", "CPU", "STORAGE"; None from old engines = GPU
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None  # untagged, one per block
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None  # vLLM >= 0.33 (EAGLE)
+    wire_block_hashes: tuple[int, ...] = ()
+    wire_parent_block_hash: int | None = None
+
+
+@dataclass(slots=True)
+class BlockRemoved:
+    """Blocks evicted from a replica (usually one hash per event)."""
+
+    block_hashes: tuple[RawHash, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    wire_block_hashes: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class AllBlocksCleared:
+    """The replica dropped its whole prefix cache (``reset_prefix_cache``)."""
+
+
+@dataclass(slots=True)
+class UnknownEvent:
+    """An event type this decoder does not know (a newer engine); kept, never indexed."""
+
+    type: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+KVEvent: TypeAlias = "BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent"
+
+
+@dataclass(slots=True)
+class EventBatch:
+    """One published batch: the engine-step time, its events and the engine's DP rank."""
+
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+def decode_event_batch(payload: bytes) -> EventBatch:
+    """Decode one ``KVEventBatch`` msgpack payload (the third ZMQ frame).
+
+    Raises:
+        EventDecodeError: for anything that is not a well-formed batch.
+    """
+    try:
+        obj = msgpack.unpackb(payload, raw=False, use_list=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises a zoo of types (ValueError, TypeError, ...)
+        raise EventDecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from exc
+    try:
+        return _batch(obj)
+    except EventDecodeError:
+        raise
+    except Exception as exc:  # a gap in the checks below must still surface as this type
+        raise EventDecodeError(f"malformed batch: {exc!r}") from exc
+
+
+def to_block_ops(event: KVEvent, group_idx: int | None = None) -> list[BlockOp]:
+    """Index mutations for one event: ``BlockStored`` -> +1 per hash on its medium's tier,
+    ``BlockRemoved`` -> -1. ``AllBlocksCleared`` yields nothing: the caller must purge the
+    replica (:meth:`KVIndex.purge_replica`). With ``group_idx`` set, events of other KV-cache
+    groups (hybrid models: sliding-window or Mamba groups) are skipped."""
+    if isinstance(event, BlockStored):
+        delta = 1
+    elif isinstance(event, BlockRemoved):
+        delta = -1
+    else:
+        return []
+    if group_idx is not None and event.group_idx is not None and event.group_idx != group_idx:
+        return []
+    if not event.wire_block_hashes:
+        return []
+    return [BlockOp(hashes=event.wire_block_hashes, tier=tier_of_medium(event.medium), delta=delta)]
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+_STORED_FIELDS: Final = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+)
+_REMOVED_FIELDS: Final = ("block_hashes", "medium", "group_idx", "locality", "ownership")
+
+
+def _batch(obj: object) -> EventBatch:
+    if isinstance(obj, tuple):
+        if not 2 <= len(obj) <= 3:
+            raise EventDecodeError(f"batch array must have 2 or 3 elements, got {len(obj)}")
+        ts, events = obj[0], obj[1]
+        rank = obj[2] if len(obj) == 3 else None
+    elif isinstance(obj, Mapping):
+        ts, events, rank = obj.get("ts"), obj.get("events"), obj.get("data_parallel_rank")
+    else:
+        raise EventDecodeError(f"batch must be an array, got {type(obj).__name__}")
+    if type(ts) is not float and type(ts) is not int:
+        raise EventDecodeError(f"batch ts must be a number, got {type(ts).__name__}")
+    if not isinstance(events, tuple):
+        raise EventDecodeError(f"batch events must be an array, got {type(events).__name__}")
+    return EventBatch(float(ts), [_event(e) for e in events], _opt_int(rank, "data_parallel_rank"))
+
+
+def _event(obj: object) -> KVEvent:
+    if isinstance(obj, Mapping):
+        kind = obj.get("type")
+        fields: Mapping[str, Any] = obj
+    elif isinstance(obj, tuple) and obj:
+        # Positional (array_like) encoding of older engines: the tag, then fields in order.
+        kind = obj[0]
+        names = _POSITIONAL.get(kind) if isinstance(kind, str) else None
+        fields = dict(zip(names, obj[1:], strict=False)) if names else {}
+    else:
+        raise EventDecodeError(f"event must be a map or array, got {type(obj).__name__}")
+    if not isinstance(kind, str):
+        raise EventDecodeError(f"event type tag must be a string, got {type(kind).__name__}")
+    builder = _BUILDERS.get(kind)
+    if builder is None:
+        return UnknownEvent(kind, dict(fields) if isinstance(obj, Mapping) else {"values": obj[1:]})
+    return builder(fields)
+
+
+def _stored(f: Mapping[str, Any]) -> BlockStored:
+    raw, wire = _hashes(f.get("block_hashes"))
+    parent = f.get("parent_block_hash")
+    wire_parent = None if parent is None else _wire(parent)
+    tokens = f.get("token_ids", ())
+    if not isinstance(tokens, tuple) or not set(map(type, tokens)) <= _INT_TYPES:
+        raise EventDecodeError("token_ids must be an array of ints")
+    block_size = f.get("block_size")
+    if type(block_size) is not int or block_size <= 0:
+        raise EventDecodeError(f"block_size must be a positive int, got {block_size!r}")
+    extra = f.get("extra_keys")
+    if extra is not None and (
+        not isinstance(extra, tuple) or not all(k is None or isinstance(k, tuple) for k in extra)
+    ):
+        raise EventDecodeError("extra_keys must be an array of arrays or nils")
+    lookahead = f.get("lookahead_token_ids")
+    if lookahead is not None and (
+        not isinstance(lookahead, tuple)
+        or not all(isinstance(t, tuple) and set(map(type, t)) <= _INT_TYPES for t in lookahead)
+    ):
+        raise EventDecodeError("lookahead_token_ids must be an array of int arrays")
+    return BlockStored(
+        raw,
+        parent,
+        tokens,
+        block_size,
+        _opt_int(f.get("lora_id"), "lora_id"),
+        _opt_str(f.get("medium"), "medium"),
+        _opt_str(f.get("lora_name"), "lora_name"),
+        extra,
+        _opt_int(f.get("group_idx"), "group_idx"),
+        _opt_str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
+        _opt_int(f.get("kv_cache_spec_sliding_window"), "kv_cache_spec_sliding_window"),
+        _opt_str(f.get("locality"), "locality"),
+        _opt_str(f.get("ownership"), "ownership"),
+        _opt_str(f.get("session_id"), "session_id"),
+        lookahead,
+        wire,
+        wire_parent,
+    )
+
+
+def _removed(f: Mapping[str, Any]) -> BlockRemoved:
+    raw, wire = _hashes(f.get("block_hashes"))
+    return BlockRemoved(
+        raw,
+        _opt_str(f.get("medium"), "medium"),
+        _opt_int(f.get("group_idx"), "group_idx"),
+        _opt_str(f.get("locality"), "locality"),
+        _opt_str(f.get("ownership"), "ownership"),
+        wire,
+    )
+
+
+def _cleared(f: Mapping[str, Any]) -> AllBlocksCleared:
+    return AllBlocksCleared()
+
+
+_BUILDERS: Final[dict[str, Callable[[Mapping[str, Any]], KVEvent]]] = {
+    "BlockStored": _stored,
+    "BlockRemoved": _removed,
+    "AllBlocksCleared": _cleared,
+}
+_POSITIONAL: Final[dict[str, tuple[str, ...]]] = {
+    "BlockStored": _STORED_FIELDS,
+    "BlockRemoved": _REMOVED_FIELDS,
+    "AllBlocksCleared": (),
+}
+
+
+def _hashes(value: object) -> tuple[tuple[RawHash, ...], tuple[int, ...]]:
+    if not isinstance(value, tuple):
+        raise EventDecodeError(f"block_hashes must be an array, got {type(value).__name__}")
+    if set(map(type, value)) <= _INT_TYPES:
+        # The default int form is already the wire form; msgpack cannot exceed 2**64 - 1.
+        if value and min(value) < 0:
+            raise EventDecodeError("block hash must be an unsigned 64-bit int")
+        return value, value
+    return value, tuple(_wire(h) for h in value)
+
+
+def _wire(h: object) -> int:
+    if type(h) is int:
+        if not 0 <= h <= _U64_MAX:
+            raise EventDecodeError("block hash must be an unsigned 64-bit int")
+        return h
+    if type(h) is bytes:
+        if len(h) < 8:
+            raise EventDecodeError(f"raw block hash too short ({len(h)} bytes)")
+        return int.from_bytes(h[-8:], "big")
+    raise EventDecodeError(f"block hash must be int or bytes, got {type(h).__name__}")
+
+
+def _opt_int(value: object, name: str) -> int | None:
+    if value is None or type(value) is int:
+        return value
+    raise EventDecodeError(f"{name} must be an int or nil, got {type(value).__name__}")
+
+
+def _opt_str(value: object, name: str) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    raise EventDecodeError(f"{name} must be a string or nil, got {type(value).__name__}")

@@ -1,0 +1,46 @@
+"""Pure reasoning decisions: what a client asked for, stripping, and the fields written per provider style."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litellm_kv.governance.reasoning import (
+    DEFAULT_EFFORT_BUDGETS,
+    Decision,
+    GroupReasoningSettings,
+    apply_decision,
+    effort_for_budget,
+    read_client_ask,
+    strip_client_reasoning,
+)
+
+
+def test_largest_explicit_ask_wins_and_off_wins_over_all() -> None:
+    data: dict[str, Any] = {"thinking_token_budget": 10, "extra_body": {"thinking_token_budget": 900}}
+    ask = read_client_ask(data, DEFAULT_EFFORT_BUDGETS, "enable_thinking")
+    assert (ask.budget, ask.field) == (900, "extra_body.thinking_token_budget")
+    off = read_client_ask({"reasoning_effort": "high", "chat_template_kwargs": {"thinking": False}},
+                          DEFAULT_EFFORT_BUDGETS, "enable_thinking")
+    assert off.off
+
+
+def test_strip_removes_every_override_place() -> None:
+    data: dict[str, Any] = {"thinking": {"type": "enabled"}, "chat_template_kwargs": {"enable_thinking": True, "x": 1},
+                            "vllm_xargs": {"thinking_token_budget": 5}, "extra_body": {"reasoning_effort": "max"}}
+    removed = strip_client_reasoning(data, "enable_thinking")
+    assert data == {"chat_template_kwargs": {"x": 1}}
+    assert set(removed) == {"thinking", "chat_template_kwargs.enable_thinking", "vllm_xargs.thinking_token_budget",
+                            "extra_body.reasoning_effort"}
+
+
+def test_anthropic_and_openai_styles() -> None:
+    data: dict[str, Any] = {"max_tokens": 1000}
+    apply_decision(data, Decision(True, 2048), GroupReasoningSettings(style="anthropic"))
+    assert data == {"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 2048 + 512}
+    data = {}
+    apply_decision(data, Decision(False, 0), GroupReasoningSettings(style="anthropic"))
+    assert data == {"thinking": {"type": "disabled"}}
+    data = {}
+    apply_decision(data, Decision(True, 3000), GroupReasoningSettings(style="openai"))
+    assert data == {"reasoning_effort": "medium"}
+    assert effort_for_budget(0, DEFAULT_EFFORT_BUDGETS) == "none"

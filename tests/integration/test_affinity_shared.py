@@ -1,0 +1,93 @@
+"""Shared mode: two real ``litellm`` proxy processes share affinity pins through a real redis-server.
+
+Upstreams are the local fake deployments of :mod:`tests.integration.test_affinity_proxy` (no real provider is
+reachable here). LiteLLM's built-in ``prompt_caching`` runs the same scenarios with the same Redis
+(``router_settings.redis_host/redis_port``) for comparison; its rows are added to the printed table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.test_affinity_proxy import (
+    Fleet,
+    affinity_config,
+    builtin_config,
+    burst,
+    print_comparison,
+    record,
+    run_conversation,
+    start_fleet,
+)
+from tools.harness.proxy import Proxy, start_proxy
+from tools.harness.redis_server import RedisServer
+
+pytestmark = [pytest.mark.proxy, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    f = start_fleet()
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="module")
+def pairs(fleet: Fleet, redis_server: RedisServer) -> Iterator[dict[str, list[Proxy]]]:
+    started: dict[str, list[Proxy]] = {"affinity": [], "builtin": []}
+    try:
+        ours = affinity_config(fleet, {"mode": "shared", "redis_url": redis_server.url})
+        theirs = builtin_config(fleet)
+        theirs["router_settings"].update({"redis_host": "127.0.0.1", "redis_port": redis_server.port})
+        for i in range(2):
+            started["affinity"].append(start_proxy(ours, name=f"litellm-affinity-shared-{i}"))
+            started["builtin"].append(start_proxy(theirs, name=f"litellm-builtin-shared-{i}"))
+        yield started
+    finally:
+        for group in started.values():
+            for p in group:
+                p.stop()
+
+
+KINDS = ("affinity", "builtin")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_conversation_alternating_between_proxies_stays_on_one_deployment(
+    kind: str, fleet: Fleet, pairs: dict[str, list[Proxy]], redis_server: RedisServer
+) -> None:
+    fleet.reset()
+    result = await run_conversation(pairs[kind], 10, seed=11)
+    record("shared: 10 turns alternating 2 proxies", kind, result)
+    assert all(t.status == 200 for t in result.turns)
+    if kind == "affinity":
+        assert len(set(result.deployments)) == 1, result.deployments
+        assert [t.affinity for t in result.turns] == ["new"] + ["hit"] * 9
+        assert any(k.startswith(b"litellm_kv:affinity:{conv}:") for k in redis_server.client().keys("*"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_concurrent_first_requests_split_across_proxies_land_on_one_deployment(
+    kind: str, fleet: Fleet, pairs: dict[str, list[Proxy]]
+) -> None:
+    fleet.reset()
+    result = await burst(pairs[kind], 20, seed=12)
+    record("shared: 20 concurrent first, 2 proxies", kind, result)
+    assert all(t.status == 200 for t in result.turns)
+    if kind == "affinity":
+        assert len(set(result.deployments)) == 1, result.deployments
+        assert sorted(t.affinity or "" for t in result.turns) == ["hit"] * 19 + ["new"]
+
+
+def test_print_shared_comparison() -> None:
+    """Prints every scenario recorded in this run, shared ones included (run with -s)."""
+    print_comparison()

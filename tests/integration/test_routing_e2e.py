@@ -1,0 +1,312 @@
+"""KV-aware routing end to end: a real ``litellm`` proxy with litellm-kv (embedded mode) in front of two
+real vLLM CPU replicas, compared with LiteLLM's ``simple-shuffle`` over the same replicas in the same run.
+
+The replicas' KV caches (session fixture: 256 blocks of 32 tokens each) are smaller than the workload's
+distinct prefixes but the fleet's caches are not: the regime where routing matters. The test asserts and
+prints that sizing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher
+from tools.harness.engines import EngineReplica, reset_prefix_caches
+from tools.harness.procs import free_port
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
+
+pytestmark = [pytest.mark.engine, pytest.mark.proxy]
+
+KV = "tiny-kv"
+DEFAULT = "tiny-default"
+SHADOW = "tiny-shadow"
+TENANT = "tiny-tenant"
+KEYS = {
+    "sk-team-a": {"key_alias": "bot-a", "team_id": "team-a"},
+    "sk-team-b": {"key_alias": "bot-b", "team_id": "team-b"},
+}
+HEADERS = {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, Any] | None = None,
+            groups: tuple[str, ...] = (KV, DEFAULT)) -> dict[str, Any]:
+    model_list = []
+    for group in groups:
+        for i, r in enumerate(engines):
+            model_list.append({
+                "model_name": group,
+                "litellm_params": {"model": "hosted_vllm/tiny", "api_base": r.api_base, "api_key": "none"},
+                "model_info": {"id": f"{group}-{i}"},
+            })
+    return {
+        "model_list": model_list,
+        "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 2, "allowed_fails": 1,
+                            "cooldown_time": 5},
+        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "request_timeout": 60},
+        "litellm_kv": {"mode": "embedded", "model_groups": {
+            g: {"routing": "kv", "kv": {
+                "tokenizer_path": model_dir, "scrape_interval_s": 0.5, "discovery_interval_s": 1.0,
+                **({"shadow": True} if g == SHADOW else {}),
+                **({"tenant_isolation": "team"} if g == TENANT else {}),
+                **(extra_kv or {})}}
+            for g in groups if g != DEFAULT
+        }},
+    }
+
+
+def _health(proxy: Proxy) -> dict[str, Any]:
+    r = httpx.get(f"{proxy.url}/litellm-kv/health", headers=HEADERS, timeout=10)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def _wait_exact(proxy: Proxy, timeout: float = 60) -> dict[str, Any]:
+    return proxy.wait_kv_exact(KV, timeout)
+
+
+def _metric(proxy: Proxy, prefix: str) -> dict[str, float]:
+    text = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _subscriber(proxy: Proxy, replica: EngineReplica) -> dict[str, Any]:
+    reps = _health(proxy)["routing"]["groups"][KV]["replicas"]
+    rep = next(r for r in reps if r["replica"].endswith(f":{replica.port}"))
+    return dict(rep["subscriber"]["ranks"][0])
+
+
+def _reset(engines: list[EngineReplica]) -> None:
+    reset_prefix_caches(engines)
+
+
+@pytest.fixture(scope="module")
+def proxy(engines: list[EngineReplica], engine_model: Any) -> Iterator[Proxy]:
+    p = start_proxy(_config(engines, str(engine_model), groups=(KV, DEFAULT, SHADOW, TENANT)), name="routing-e2e",
+                    keys=KEYS, env={"LITELLM_KV_SALT_SECRET": "test-secret"})
+    try:
+        _wait_exact(p)
+        yield p
+    finally:
+        p.stop()
+
+
+def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
+    """The test model's tokenizer.json is the engine's, so the group verifies its local tokenizer against
+    /tokenize and routes on the fast path (the one users with a real checkpoint get)."""
+    deadline = time.monotonic() + 30
+    state = ""
+    while time.monotonic() < deadline:
+        state = str(proxy.kv_health(KV).get("tokenizer"))
+        if state.startswith("local"):
+            break
+        time.sleep(0.5)
+    assert state.startswith("local (verified") and "fast BPE on" in state, state
+    assert _health(proxy)["routing"]["hashing"] == "native"  # the compiled sha256 chain (litellm_kv/vllm/_chain.c)
+
+
+async def _distinct_blocks(url: str, convs: list[Any], block_size: int) -> int:
+    hasher = BlockHasher("sha256", block_size)
+    seen: set[bytes] = set()
+    async with EngineClient(url) as c:
+        for conv in convs:
+            hist: list[dict[str, Any]] = [{"role": "system", "content": conv.system}]
+            for u in conv.user_turns:
+                hist.append({"role": "user", "content": u})
+                seen.update(hasher.block_hashes(await c.tokenize_chat(hist)))
+                hist.append({"role": "assistant", "content": "x " * 10})
+    return len(seen)
+
+
+def test_kv_routing_beats_simple_shuffle(proxy: Proxy, engines: list[EngineReplica]) -> None:
+    workloads = [make_workload(**COMPARISON, seed=seed) for seed in COMPARISON_SEEDS]
+
+    async def run() -> tuple[Any, Any, int, int, int]:
+        async with EngineClient(engines[0].url) as c:
+            m = await c.metrics()
+        bs, blocks = int(m.block_size or 0), int(m.num_gpu_blocks or 0)
+        need = min([await _distinct_blocks(engines[0].url, convs, bs) for convs in workloads])
+        base = kv = None
+        for convs in workloads:  # caches reset before every run: each workload starts cold
+            _reset(engines)
+            b = await run_workload(proxy.url, MASTER_KEY, DEFAULT, convs, label="LiteLLM simple-shuffle",
+                                   concurrency=3)
+            _reset(engines)
+            k = await run_workload(proxy.url, MASTER_KEY, KV, convs, label="litellm-kv", concurrency=3)
+            base, kv = (b, k) if base is None or kv is None else (base + b, kv + k)
+        return base, kv, need, blocks, bs
+
+    before = _metric(proxy, "litellm_kv_prediction_checks_total")
+    base, kv, need, blocks, bs = asyncio.run(run())
+    print(f"\nKV cache per replica: {blocks} blocks of {bs}; workload needs {need} distinct blocks")
+    print(format_table([base, kv]))
+    assert need > blocks, "workload must overflow one replica's cache"
+    assert need <= 2 * blocks, "workload must fit the fleet's caches"
+    assert base.failures == 0 and kv.failures == 0
+    ratio = kv.cached_ratio / max(base.cached_ratio, 1e-9)
+    print(f"cached-token ratio litellm-kv / simple-shuffle = {ratio:.2f}x")
+    assert kv.cached_ratio >= 1.5 * base.cached_ratio
+    after = _metric(proxy, "litellm_kv_prediction_checks_total")
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    exact = sum(v for k, v in delta.items() if 'outcome="exact"' in k)
+    total = sum(v for k, v in delta.items() if 'outcome="fallback"' not in k)
+    print(f"predictions: {exact:.0f}/{total:.0f} exact ({delta})")
+    assert total >= len(kv.results)
+    assert exact / total >= 0.8, delta
+
+
+def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> None:
+    convs = make_workload(groups=3, convs_per_group=2, turns=3, system_words=200, seed=21)
+    before = _metric(proxy, "litellm_kv_prediction_checks_total")
+    stats = asyncio.run(run_workload(proxy.url, MASTER_KEY, KV, convs, label="litellm-kv stream+tools",
+                                     concurrency=2, stream=True, tools=True))
+    print("\n" + format_table([stats]))
+    assert stats.failures == 0
+    assert stats.cached_ratio > 0.3
+    after = _metric(proxy, "litellm_kv_prediction_checks_total")
+    checked = sum(after.get(k, 0) - before.get(k, 0) for k in after)
+    assert checked >= len(stats.results), "streamed usage must reach the verification"
+
+
+def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
+    """One hot prefix at high concurrency: once the holder is loaded, the other replica gets work."""
+    system = "You are the hot assistant. " + " ".join(f"rule{i} must be followed carefully" for i in range(120))
+
+    async def run() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        async with httpx.AsyncClient(timeout=120) as c:
+            async def one(i: int) -> None:
+                body = {"model": KV, "max_tokens": 24, "temperature": 0, "messages": [
+                    {"role": "system", "content": system}, {"role": "user", "content": f"question {i} " * 20}]}
+                r = await c.post(f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS)
+                assert r.status_code == 200, r.text
+                dep = r.headers.get("x-litellm-model-id", "")
+                counts[dep] = counts.get(dep, 0) + 1
+
+            await asyncio.gather(*(one(i) for i in range(24)))
+        return counts
+
+    counts = asyncio.run(run())
+    print(f"\nhot prefix, 24 concurrent requests: {counts}")
+    assert len(counts) == 2 and min(counts.values()) >= 3, counts
+
+
+def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica]) -> None:
+    victim = engines[1]
+    # Give the victim cached blocks the index knows about, so its restart has something to purge.
+    for i in range(3):
+        httpx.post(f"{victim.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": f"victim {i} " * 80}]})
+    time.sleep(1.0)
+    purges_before = _subscriber(proxy, victim)["purges"]
+    victim.kill()
+    try:
+        async def run() -> list[int]:
+            async with httpx.AsyncClient(timeout=120) as c:
+                out = []
+                for i in range(6):
+                    body = {"model": KV, "max_tokens": 4, "temperature": 0,
+                            "messages": [{"role": "user", "content": f"while one replica is down {i}"}]}
+                    r = await c.post(f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS)
+                    out.append(r.status_code)
+                return out
+
+        codes = asyncio.run(run())
+        print(f"\nstatus codes with one replica down: {codes}")
+        assert codes == [200] * 6
+    finally:
+        victim.restart()
+    # The restarted engine starts its event seq again at 0: its old entries must be gone and it must
+    # be ready again.
+    _wait_exact(proxy, timeout=60)
+    rep = next(r for r in _health(proxy)["routing"]["groups"][KV]["replicas"] if r["replica"].endswith(
+        f":{victim.port}"))
+    print(f"restarted replica state: {rep}")
+    assert rep["ready"]
+    assert _subscriber(proxy, victim)["purges"] > purges_before, "the restarted engine's old entries must go"
+
+
+def _chat(proxy: Proxy, model: str, messages: list[dict[str, Any]], key: str = MASTER_KEY,
+          **extra: Any) -> httpx.Response:
+    body = {"model": model, "max_tokens": 4, "temperature": 0, "messages": messages, **extra}
+    return httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:
+    before = _metric(proxy, "litellm_kv_routing_decisions_total")
+    shadow_before = _metric(proxy, "litellm_kv_shadow_tokens_total")
+    msgs = [{"role": "system", "content": "shadow trial " * 120}, {"role": "user", "content": "hello"}]
+    deployments = set()
+    for _ in range(6):
+        r = _chat(proxy, SHADOW, msgs)
+        assert r.status_code == 200, r.text
+        deployments.add(r.headers.get("x-litellm-model-id"))
+    after = _metric(proxy, "litellm_kv_routing_decisions_total")
+    key = f'litellm_kv_routing_decisions_total{{model_group="{SHADOW}",reason="shadow"}}'
+    assert after.get(key, 0) - before.get(key, 0) == 6
+    shadow = _metric(proxy, "litellm_kv_shadow_tokens_total")
+    grew = {k: shadow[k] - shadow_before.get(k, 0) for k in shadow if SHADOW in k}
+    print(f"\nshadow: LiteLLM used {sorted(deployments)}; {grew}")
+    assert grew[f'litellm_kv_shadow_tokens_total{{kind="prompt",model_group="{SHADOW}"}}'] > 0
+    assert grew[f'litellm_kv_shadow_tokens_total{{kind="would_have_cached",model_group="{SHADOW}"}}'] > 0
+
+
+def test_tenant_cache_isolation(proxy: Proxy) -> None:
+    """Teams never share prefix blocks (a keyed cache_salt per team), and routing stays exact with the salt."""
+    msgs = [{"role": "system", "content": "isolated tenant prompt " * 60}, {"role": "user", "content": "same"}]
+    checks_before = _metric(proxy, "litellm_kv_prediction_checks_total")
+    a1 = _chat(proxy, TENANT, msgs, key="sk-team-a")
+    a2 = _chat(proxy, TENANT, msgs, key="sk-team-a")
+    b1 = _chat(proxy, TENANT, msgs, key="sk-team-b")
+    b2 = _chat(proxy, TENANT, msgs, key="sk-team-b")
+    for r in (a1, a2, b1, b2):
+        assert r.status_code == 200, r.text
+
+    def cached(r: httpx.Response) -> int:
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+    print(f"\ncached tokens: team a {cached(a1)}, {cached(a2)}; team b {cached(b1)}, {cached(b2)}")
+    assert cached(a2) > 0 and cached(b2) > 0
+    assert cached(b1) == 0, "team b must not hit team a's blocks"
+    after = _metric(proxy, "litellm_kv_prediction_checks_total")
+    key = f'litellm_kv_prediction_checks_total{{model_group="{TENANT}",outcome="exact"}}'
+    assert after.get(key, 0) - checks_before.get(key, 0) == 4, after
+
+
+def test_new_empty_replica_receives_traffic(engines: list[EngineReplica], engine_model: Any) -> None:
+    """A replica that is down when the proxy starts is skipped (no failed attempts), then gets traffic
+    once it comes up empty (anti-starvation / least-loaded for new prefixes)."""
+    newcomer = EngineReplica(name="newcomer", port=free_port(), model_dir=engine_model)
+    p = start_proxy(_config([engines[0], newcomer], str(engine_model), groups=(KV,)), name="routing-newcomer")
+    try:
+        deadline = time.monotonic() + 60
+        while not _health(p)["routing"]["groups"][KV]["replicas"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        codes = [_chat(p, KV, [{"role": "user", "content": f"before the newcomer {i} " * 10}]) for i in range(4)]
+        assert [r.status_code for r in codes] == [200] * 4
+        assert {r.headers.get("x-litellm-model-id") for r in codes} == {f"{KV}-0"}
+        newcomer.start()
+        newcomer.wait_ready()
+        _wait_exact(p)
+        served = [_chat(p, KV, [{"role": "user", "content": f"fresh topic {i} " * 30}]) for i in range(10)]
+        where = [r.headers.get("x-litellm-model-id") for r in served]
+        print(f"\nafter the newcomer came up: {where}")
+        assert all(r.status_code == 200 for r in served)
+        assert where.count(f"{KV}-1") >= 2, where
+    finally:
+        p.stop()
+        newcomer.stop()

@@ -1,0 +1,173 @@
+"""Shared mode end to end: a ``litellm-kv indexer`` process feeds a real redis-server from two real vLLM
+CPU replicas' KV events, and **two** real ``litellm`` proxy processes route from that one index (and
+share in-flight load through Redis). Requests alternate between the proxies.
+
+Also the failure path: Redis stopped mid-run → every request still succeeds (load-only choice, counted as
+``index_unavailable``), and routing is exact again once Redis is back and the indexer has re-learned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.test_routing_e2e import DEFAULT, KV, _config, _metric, _reset
+from tools.harness.engines import EngineReplica
+from tools.harness.procs import ARTIFACTS, PYTHON, ROOT, ManagedProcess, free_port
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.redis_server import RedisServer
+from tools.harness.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
+
+pytestmark = [pytest.mark.engine, pytest.mark.proxy, pytest.mark.redis]
+HEADERS = {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def redis_srv() -> Iterator[RedisServer]:
+    srv = RedisServer(name="redis-routing-shared")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def indexer(redis_srv: RedisServer, engines: list[EngineReplica]) -> Iterator[str]:
+    port = free_port()
+    cfg = {
+        "redis_url": redis_srv.url, "port": port, "heartbeat_interval_s": 1.0, "heartbeat_ttl_s": 10.0,
+        "discovery_interval_s": 1.0, "replay_timeout_s": 3.0, "redis_backoff_max_s": 1.0,
+        "model_groups": {KV: {"replicas": [{"api_base": e.api_base} for e in engines]}},
+    }
+    path = ARTIFACTS / f"indexer-routing-shared-{port}.yaml"
+    ARTIFACTS.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    proc = ManagedProcess("indexer-routing-shared", [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config",
+                                                     str(path)], cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_until(lambda: httpx.get(url + "/health", timeout=2).json()["status"] == "ok", 90, "indexer ok")
+        yield url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def proxies(engines: list[EngineReplica], engine_model: Any, redis_srv: RedisServer,
+            indexer: str) -> Iterator[list[Proxy]]:
+    cfg = _config(engines, str(engine_model))
+    cfg["litellm_kv"]["mode"] = "shared"
+    cfg["litellm_kv"]["redis_url"] = redis_srv.url
+    started: list[Proxy] = []
+    try:
+        for name in ("shared-proxy-a", "shared-proxy-b"):
+            started.append(start_proxy(cfg, name=name))
+        for p in started:
+            _wait_ready(p)
+        yield started
+    finally:
+        for p in started:
+            p.stop()
+
+
+def _wait_ready(p: Proxy, timeout: float = 60) -> None:
+    assert p.wait_kv_exact(KV, timeout)["mode"] == "shared"
+
+
+def _wait_indexer(url: str, timeout: float = 60) -> float:
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).json()["status"] == "ok":
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError("indexer did not recover")
+
+
+def test_two_shared_proxies_beat_simple_shuffle(proxies: list[Proxy], engines: list[EngineReplica],
+                                                indexer: str) -> None:
+    workloads = [make_workload(**COMPARISON, seed=seed) for seed in COMPARISON_SEEDS]
+    urls = [p.url for p in proxies]
+
+    async def run() -> tuple[Any, Any]:
+        base = kv = None
+        for convs in workloads:  # caches reset before every run: each workload starts cold
+            _reset(engines)
+            b = await run_workload(urls, MASTER_KEY, DEFAULT, convs, label="simple-shuffle (2 proxies)",
+                                   concurrency=3)
+            _reset(engines)
+            await asyncio.sleep(1.0)  # the indexer applies the AllBlocksCleared events
+            k = await run_workload(urls, MASTER_KEY, KV, convs, label="litellm-kv shared (2 proxies)",
+                                   concurrency=3)
+            base, kv = (b, k) if base is None or kv is None else (base + b, kv + k)
+        return base, kv
+
+    before = [_metric(p, "litellm_kv_prediction_checks_total") for p in proxies]
+    base, kv = asyncio.run(run())
+    print("\n" + format_table([base, kv]))
+    assert base.failures == 0 and kv.failures == 0
+    print(f"cached-token ratio = {kv.cached_ratio / max(base.cached_ratio, 1e-9):.2f}x")
+    assert kv.cached_ratio >= 1.5 * base.cached_ratio
+    exact = total = 0.0
+    for p, b in zip(proxies, before, strict=True):
+        after = _metric(p, "litellm_kv_prediction_checks_total")
+        for k, v in after.items():
+            d = v - b.get(k, 0)
+            total += d if 'outcome="fallback"' not in k else 0
+            exact += d if 'outcome="exact"' in k else 0
+    print(f"predictions across both proxies: {exact:.0f}/{total:.0f} exact")
+    assert total >= len(kv.results) and exact / total >= 0.8
+
+
+def test_redis_outage_keeps_requests_flowing(proxies: list[Proxy], redis_srv: RedisServer, indexer: str) -> None:
+    def send(n: int, tag: str) -> list[int]:
+        async def go() -> list[int]:
+            async with httpx.AsyncClient(timeout=120) as c:
+                codes = []
+                for i in range(n):
+                    body = {"model": KV, "max_tokens": 4, "temperature": 0, "messages": [
+                        {"role": "system", "content": "outage drill " * 80},
+                        {"role": "user", "content": f"{tag} {i}"}]}
+                    r = await c.post(f"{proxies[i % 2].url}/v1/chat/completions", json=body, headers=HEADERS)
+                    codes.append(r.status_code)
+                return codes
+
+        return asyncio.run(go())
+
+    before = sum(v for p in proxies for k, v in _metric(p, "litellm_kv_routing_fallbacks_total").items()
+                 if 'why="index_unavailable"' in k)
+    redis_srv.stop()
+    try:
+        codes = send(6, "during outage")
+        print(f"\nstatus codes while Redis is down: {codes}")
+        assert codes == [200] * 6
+        after = sum(v for p in proxies for k, v in _metric(p, "litellm_kv_routing_fallbacks_total").items()
+                    if 'why="index_unavailable"' in k)
+        assert after - before >= 6, "outage decisions must be counted as load-only fallbacks"
+    finally:
+        redis_srv.start()
+    took = _wait_indexer(indexer)
+    print(f"indexer healthy again {took:.1f}s after Redis came back")
+    # Routing is exact again: a repeated prompt is predicted and hit.
+    decisions_before = sum(v for p in proxies for k, v in _metric(p, "litellm_kv_routing_decisions_total").items()
+                           if 'reason="cache"' in k)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert send(2, "after recovery") == [200, 200]
+        now = sum(v for p in proxies for k, v in _metric(p, "litellm_kv_routing_decisions_total").items()
+                  if 'reason="cache"' in k)
+        if now > decisions_before:
+            break
+        time.sleep(1.0)
+    else:
+        raise AssertionError("no cache-routed decision after Redis recovered")
+    print(f"cache-routed decisions resumed {time.monotonic() - deadline + 60:.1f}s after the indexer recovered")

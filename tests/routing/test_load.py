@@ -1,0 +1,280 @@
+"""Router-tracked load: in-process tracker, and the Redis tracker shared by proxies (real
+redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio as aredis
+
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, RedisLoadTracker, TrackedLoad
+from tools.harness.redis_server import RedisServer
+
+
+async def test_in_memory_lifecycle_and_recent_decay() -> None:
+    now = [0.0]
+    t = InMemoryLoadTracker(LoadConfig(recent_half_life_s=10.0), clock=lambda: now[0])
+    await t.begin("g", "a", "r1", 1000)
+    await t.begin("g", "a", "r2", 500)
+    s = await t.snapshot("g", ["a", "b"])
+    assert (s["a"].prefill_tokens, s["a"].decode) == (1500, 0)
+    assert s["b"].prefill_tokens == 0
+    await t.first_token("r1")
+    await t.first_token("r1")  # idempotent
+    s = await t.snapshot("g", ["a"])
+    assert (s["a"].prefill_tokens, s["a"].decode) == (500, 1)
+    await t.end("r1")
+    await t.end("r2")
+    await t.end("unknown")
+    s = await t.snapshot("g", ["a"])
+    assert (s["a"].prefill_tokens, s["a"].decode) == (0, 0)
+    # Nothing in flight, but the work sent is remembered, halving every 10 s.
+    assert s["a"].recent_tokens == pytest.approx(1500)
+    now[0] = 10.0
+    assert (await t.snapshot("g", ["a"]))["a"].recent_tokens == pytest.approx(750)
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    server = RedisServer()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+async def test_redis_tracker_shares_counts_between_proxies(redis_url: str) -> None:
+    c1 = aredis.from_url(redis_url)
+    c2 = aredis.from_url(redis_url)
+    p1 = RedisLoadTracker(c1, proxy_id="p1")
+    p2 = RedisLoadTracker(c2, proxy_id="p2")
+    try:
+        await c1.flushall()
+        await p1.begin("grp", "a", "x", 1000)
+        await p2.begin("grp", "a", "y", 300)
+        await p2.begin("grp", "b", "z", 50)
+        # A proxy's own requests count at once, before anything reached Redis.
+        s = await p1.snapshot("grp", ["a", "b"])
+        assert (s["a"].prefill_tokens, s["b"].prefill_tokens) == (1000, 0)
+        await p1.flush()
+        await p2.flush()
+        s = await p1.snapshot("grp", ["a", "b", "c"])
+        assert (s["a"].prefill_tokens, s["b"].prefill_tokens, s["c"].prefill_tokens) == (1300, 50, 0)
+        assert s["a"].recent_tokens == pytest.approx(1300, rel=0.01)
+        await p2.first_token("y")
+        await p2.flush()
+        s = await p1.snapshot("grp", ["a"])
+        assert (s["a"].prefill_tokens, s["a"].decode) == (1000, 1)
+        await p2.end("y")
+        await p1.end("x")
+        await p1.flush()
+        s = await p2.snapshot("grp", ["a"])
+        assert (s["a"].prefill_tokens, s["a"].decode) == (0, 0)
+        # Keys of one group carry the index's hash tag (one Redis Cluster slot, and the snapshot can ride
+        # along with the index lookup).
+        keys = sorted(k.decode() for k in await c1.keys("*"))
+        assert keys == ["lkv:{grp}:load", "lkv:{grp}:proxies"]
+    finally:
+        await p1.close()
+        await p2.close()
+        await c1.aclose()
+        await c2.aclose()
+
+
+async def test_writes_are_off_the_request_path_and_coalesced(redis_url: str) -> None:
+    """begin/first_token/end never wait for Redis; a burst is published as a few writes of the latest
+    absolute values, and a reader sees exactly the sums once they landed."""
+    client = aredis.from_url(redis_url)
+    writer = RedisLoadTracker(client, proxy_id="w")
+    reader = RedisLoadTracker(client, proxy_id="r")
+    sent = 0
+    real = writer._write_script
+
+    async def counting(*args: object, **kwargs: object) -> object:
+        nonlocal sent
+        sent += 1
+        return await real(*args, **kwargs)
+
+    writer._write_script = counting  # type: ignore[assignment]
+    try:
+        await client.flushall()
+        for i in range(200):
+            await writer.begin("g", "ab"[i % 2], f"q{i}", 10)
+        for i in range(0, 200, 4):
+            await writer.first_token(f"q{i}")
+        for i in range(0, 200, 8):
+            await writer.end(f"q{i}")
+        assert sent <= 1  # nothing awaited Redis: at most the first write was started
+        await writer.flush()
+        assert sent <= 4
+        s = await reader.snapshot("g", ["a", "b"])
+        # q0, q4, ... decode (every 4th, all on "a"); every 8th of those ended.
+        assert (s["a"].prefill_tokens, s["a"].decode) == (50 * 10, 25)
+        assert (s["b"].prefill_tokens, s["b"].decode) == (100 * 10, 0)
+    finally:
+        await writer.close()
+        await reader.close()
+        await client.aclose()
+
+
+async def test_snapshot_rides_along_with_the_index_lookup(redis_url: str) -> None:
+    from litellm_kv.index.base import BlockOp, Tier
+    from litellm_kv.index.redis import RedisIndex
+
+    index = RedisIndex(redis_url)
+    client = aredis.from_url(redis_url)
+    mine = RedisLoadTracker(client, proxy_id="mine")
+    other = RedisLoadTracker(client, proxy_id="other")
+    try:
+        await client.flushall()
+        await index.apply("g", "a", [BlockOp((1, 2, 3), Tier.GPU, +1)])
+        await other.begin("g", "b", "o1", 700)
+        await other.flush()
+        await mine.begin("g", "a", "m1", 40)
+        before = index.round_trips
+        matches, loads = await index.lookup_riding("g", [1, 2, 3, 4], ["a", "b"], mine.snapshot_rider("g", ["a", "b"]))
+        assert index.round_trips == before + 1
+        assert matches["a"].blocks == 3 and "b" not in matches
+        assert (loads["a"].prefill_tokens, loads["b"].prefill_tokens) == (40, 700)
+        # The same answer as the lookup and the snapshot separately.
+        assert matches == await index.lookup("g", [1, 2, 3, 4], ["a", "b"])
+        alone = await mine.snapshot("g", ["a", "b"])
+        for r in ("a", "b"):
+            assert (loads[r].prefill_tokens, loads[r].decode) == (alone[r].prefill_tokens, alone[r].decode)
+            assert loads[r].recent_tokens == pytest.approx(alone[r].recent_tokens, rel=1e-3)
+    finally:
+        await mine.close()
+        await other.close()
+        await index.close()
+        await client.aclose()
+
+
+async def test_counts_recover_after_redis_returns() -> None:
+    """Writes that fail while Redis is down are retried with the values of then: no count is lost or
+    doubled, and the proxy's own counts stay exact meanwhile."""
+    server = RedisServer()
+    client = aredis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
+    errors: list[BaseException] = []
+    t = RedisLoadTracker(client, proxy_id="p", retry_s=0.1, on_error=errors.append)
+    other = RedisLoadTracker(aredis.from_url(server.url), proxy_id="o")
+    try:
+        await t.begin("g", "a", "r1", 100)
+        await t.flush()
+        server.stop()
+        await t.begin("g", "a", "r2", 200)
+        await t.first_token("r1")
+        await t.flush()
+        assert errors and t.write_errors >= 1
+        assert t.local_snapshot("g", ["a"])["a"].prefill_tokens == 200
+        server.start()
+        await client.ping()
+        await t.flush()
+        s = await other.snapshot("g", ["a"])
+        assert (s["a"].prefill_tokens, s["a"].decode) == (200, 1)
+    finally:
+        await t.close()
+        await other.close()
+        await client.aclose()
+        server.stop()
+
+
+async def test_dead_proxy_counts_fade(redis_url: str) -> None:
+    client = aredis.from_url(redis_url)
+    dead = RedisLoadTracker(client, LoadConfig(ttl_s=0.5), proxy_id="dead")
+    alive = RedisLoadTracker(client, LoadConfig(ttl_s=30.0), proxy_id="alive")
+    try:
+        await client.flushall()
+        await dead.begin("g", "a", "r1", 4000)  # never ended: the proxy "crashes"
+        await alive.begin("g", "a", "r2", 100)
+        await dead.flush()
+        await alive.flush()
+        assert (await alive.snapshot("g", ["a"]))["a"].prefill_tokens == 4100
+        await dead.close()
+        await asyncio.sleep(0.7)
+        await alive.heartbeat(["g"])
+        assert (await alive.snapshot("g", ["a"]))["a"].prefill_tokens == 100
+        # The dead proxy's fields are gone from Redis, not only ignored.
+        fields = [f.decode() for f in await client.hkeys("lkv:{g}:load")]
+        assert not any(f.startswith("dead|") for f in fields)
+    finally:
+        await alive.close()
+        await client.aclose()
+
+
+async def test_a_proxy_declared_dead_publishes_its_counts_again(redis_url: str) -> None:
+    """A proxy whose liveness lapsed (a long pause) and whose fields a reader deleted republishes all of
+    them on its next write, not only the replica that changed."""
+    client = aredis.from_url(redis_url)
+    slow = RedisLoadTracker(client, LoadConfig(ttl_s=0.3), proxy_id="slow")
+    reader = RedisLoadTracker(client, proxy_id="reader")
+    try:
+        await client.flushall()
+        await slow.begin("g", "a", "r1", 500)
+        await slow.flush()
+        await asyncio.sleep(0.5)
+        assert (await reader.snapshot("g", ["a"]))["a"].prefill_tokens == 0  # expired and deleted
+        await slow.begin("g", "b", "r2", 60)  # a change on another replica
+        await slow.flush()
+        s = await reader.snapshot("g", ["a", "b"])
+        assert (s["a"].prefill_tokens, s["b"].prefill_tokens) == (500, 60)
+    finally:
+        await slow.close()
+        await reader.close()
+        await client.aclose()
+
+
+def test_load_config_rejects_non_positive_times() -> None:
+    from litellm_kv.config import ConfigError, parse_section
+
+    with pytest.raises(ConfigError, match="ttl_s must be positive"):
+        parse_section(LoadConfig, {"ttl_s": 0}, "kv.load")
+    with pytest.raises(ConfigError, match="recent_half_life_s must be positive"):
+        parse_section(LoadConfig, {"recent_half_life_s": -1.0}, "kv.load")
+
+
+async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url: str) -> None:
+    """KVRouter in shared mode: the load rides along with the lookup (one round trip, no separate
+    snapshot), another proxy's load steers the choice, and with Redis unreachable the decision is
+    load-only on this proxy's own counts."""
+    from litellm_kv.index.redis import RedisIndex
+    from litellm_kv.routing.cost import CostModel
+    from litellm_kv.routing.router import KVRouter, RoutingRequest
+    from litellm_kv.routing.siblings import SiblingIndex
+    from litellm_kv.vllm.hashing import BlockHasher
+
+    hasher = BlockHasher("sha256", 16)
+    tokens = list(range(300))
+    replicas = ["a", "b"]
+    index = RedisIndex(redis_url)
+    client = aredis.from_url(redis_url)
+    mine = RedisLoadTracker(client, proxy_id="mine")
+    other = RedisLoadTracker(client, proxy_id="other")
+
+    async def no_separate_read() -> dict[str, TrackedLoad]:
+        raise AssertionError("the load must come with the lookup")
+
+    try:
+        await client.flushall()
+        await other.begin("g", "a", "o1", 50_000)
+        await other.flush()
+        router = KVRouter("g", index, CostModel(seed=1), SiblingIndex(), backend="redis")
+        before = index.round_trips
+        res = await router.decide(RoutingRequest(tokens), hasher, replicas, no_separate_read, {},
+                                  load_rider=mine.snapshot_rider("g", replicas))
+        assert index.round_trips == before + 1
+        assert res.replica == "b" and res.exact
+
+        await mine.begin("g", "b", "m1", 90_000)
+        down = RedisIndex("redis://127.0.0.1:1/0", socket_timeout_s=1.0)
+        router = KVRouter("g", down, CostModel(seed=1), SiblingIndex(), backend="redis")
+        res = await router.decide(RoutingRequest(tokens), hasher, replicas, no_separate_read, {},
+                                  load_rider=mine.snapshot_rider("g", replicas))
+        assert res.fallback_why == "index_unavailable" and res.replica == "a"  # away from its own 90K
+        await down.close()
+    finally:
+        await mine.close()
+        await other.close()
+        await index.close()
+        await client.aclose()

@@ -1,0 +1,144 @@
+"""The routing decision without LiteLLM or engines: an in-memory index fed as engine events would, the
+real cost model, and every reason a prediction cannot be exact turning into a named load-only choice."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from litellm_kv.config import ModelGroupSettings, Settings
+from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
+from litellm_kv.index.memory import InMemoryIndex
+from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group, _Route
+from litellm_kv.routing.cost import CostModel
+from litellm_kv.routing.router import FALLBACKS, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.vllm.hashing import BlockHasher
+
+G = "g"
+R = ["http://a:1", "http://b:1"]
+HASHER = BlockHasher("sha256", 16)
+TOKENS = list(range(200))
+
+
+def _router(index: InMemoryIndex) -> KVRouter:
+    return KVRouter(G, index, CostModel(seed=1), SiblingIndex())
+
+
+def _decide(router: KVRouter, req: RoutingRequest, hasher: BlockHasher | None = HASHER,
+            why: str = "") -> RoutingResult:
+    return asyncio.run(router.decide(req, hasher, R, {}, {}, not_exact_why=why))
+
+
+def _store(index: InMemoryIndex, replica: str, hashes: Sequence[int]) -> None:
+    asyncio.run(index.apply(G, replica, [BlockOp(tuple(hashes), Tier.GPU, +1)]))
+
+
+def test_routes_to_the_replica_holding_the_prefix_and_predicts_the_engine_rule() -> None:
+    index = InMemoryIndex()
+    hashes = HASHER.wire_hashes(TOKENS)
+    _store(index, R[1], hashes[:8])
+    res = _decide(_router(index), RoutingRequest(TOKENS))
+    assert res.replica == R[1] and res.reason == "cache"
+    assert res.predicted_hit_tokens == 8 * 16
+    # 200 tokens: at most floor(199/16) = 12 blocks can hit, even when all 12 full blocks are held.
+    _store(index, R[0], hashes)
+    res = _decide(_router(index), RoutingRequest(TOKENS))
+    assert res.replica == R[0] and res.predicted_hit_tokens == 12 * 16
+
+
+@pytest.mark.parametrize(("req", "hasher", "why", "expected"), [
+    (RoutingRequest(TOKENS, has_unhashable_media=True), HASHER, "", "multimodal"),
+    (RoutingRequest(TOKENS, skip_prefix_cache=True), HASHER, "", "skip_prefix_cache"),
+    (RoutingRequest(TOKENS), None, "", "no_hasher"),
+    (RoutingRequest(TOKENS), HASHER, "not_exact", "not_exact"),
+])
+def test_unpredictable_requests_are_load_only_with_a_reason(
+    req: RoutingRequest, hasher: BlockHasher | None, why: str, expected: str
+) -> None:
+    index = InMemoryIndex()
+    _store(index, R[1], HASHER.wire_hashes(TOKENS))
+    before = FALLBACKS.labels(G, expected)._value.get()
+    res = _decide(_router(index), req, hasher, why)
+    assert res.reason == "fallback" and res.fallback_why == expected and not res.exact
+    assert res.predicted_hit_tokens == 0
+    assert FALLBACKS.labels(G, expected)._value.get() == before + 1
+
+
+def test_index_failure_is_a_load_only_choice() -> None:
+    class Down(InMemoryIndex):
+        async def lookup(self, group: str, block_hashes: Sequence[int],
+                         replicas: Sequence[str] | None = None) -> dict[str, ReplicaMatch]:
+            raise ConnectionError("redis down")
+
+    res = _decide(_router(Down()), RoutingRequest(TOKENS))
+    assert res.fallback_why == "index_unavailable" and res.replica in R
+
+
+def test_routes_older_than_the_inflight_ttl_release_their_load() -> None:
+    settings = Settings(model_groups={G: ModelGroupSettings(routing="kv", kv={"inflight_ttl_s": 5.0})})
+    handler = KVRoutingHandler(settings)
+
+    async def run() -> tuple[int, int]:
+        g = _Group(G, handler.options[G], InMemoryIndex(), None, True, "memory")
+        handler.groups[G] = g
+        now = time.time()
+        result = RoutingResult(replica=R[0], reason="cache", predicted_hit_tokens=0, prompt_tokens=100)
+        await g.load.begin(G, R[0], "old", 100)
+        handler._remember("old", _Route(G, R[0], "d0", result, False, now - 10))
+        before = (await g.load.snapshot(G, R))[R[0]].prefill_tokens
+        handler._remember("new", _Route(G, R[0], "d0", result, False, now))
+        await asyncio.sleep(0)
+        await asyncio.gather(*handler._tasks)
+        after = (await g.load.snapshot(G, R))[R[0]].prefill_tokens
+        return before, after
+
+    before, after = asyncio.run(run())
+    assert before == 100 and after == 0
+    assert "old" not in handler.routes and "new" in handler.routes
+
+
+def test_fleet_adapter_resolution() -> None:
+    """What a served model name is hashed with (the e2e side is tests/integration/test_lora_e2e.py): a configured path
+    wins over /v1/models; a listed base model has no LoRA key; a name no replica lists is 'unknown_model'
+    (and /v1/models is re-read at most once per discovery interval, a failed re-read keeping the lists);
+    with no model list ever read nothing is judged."""
+    from litellm_kv.routing.fleet import Fleet, ReplicaState
+    from litellm_kv.routing.options import KVRoutingOptions
+    from litellm_kv.vllm.engine import EngineClient
+
+    async def run() -> None:
+        fleet = Fleet(G, KVRoutingOptions(lora_paths={"pinned": "/cfg/pinned"}, discovery_interval_s=60),
+                      InMemoryIndex(), embedded=True)
+        client = EngineClient("http://127.0.0.1:9")  # nothing answers: re-reads fail, and are counted
+        reads = 0
+
+        async def models() -> list[dict[str, object]]:
+            nonlocal reads
+            reads += 1
+            raise RuntimeError("engine down")
+
+        client.models = models  # type: ignore[method-assign]
+        st = ReplicaState(R[0], "d0", R[0], client)
+        fleet.replicas[R[0]] = st
+        assert fleet.adapter("hosted_vllm/tiny") == (None, "")  # no model list read: not judged
+        st.base_models = {"tiny", "org/big"}
+        st.lora_roots = {"sql": "/adapters/sql", "pinned": "/engine/pinned"}
+        assert fleet.adapter("hosted_vllm/tiny") == (None, "")
+        assert fleet.adapter("hosted_vllm/org/big") == (None, "")  # the served name after the provider
+        assert fleet.adapter("org/big") == (None, "")  # or the whole string
+        assert fleet.adapter("hosted_vllm/sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("hosted_vllm/pinned") == (("pinned", "/cfg/pinned"), "")  # kv.lora_paths wins
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
+        await asyncio.sleep(0.05)
+        assert reads == 1  # one background re-read within the discovery interval
+        # A failed re-read keeps what was read before: the adapter keeps its path, 'late' stays unknown.
+        assert fleet.adapter("hosted_vllm/sql") == (("sql", "/adapters/sql"), "")
+        assert fleet.adapter("hosted_vllm/late") == (None, "unknown_model")
+        await client.aclose()
+
+    asyncio.run(run())

@@ -1,0 +1,62 @@
+"""Indexer configuration and CLI: typed options, errors that name the option, exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from litellm_kv.errors import ConfigError
+from litellm_kv.services.indexer.config import load_indexer_config
+from litellm_kv.vllm.subscriber import connectable
+from tools.harness.procs import PYTHON, ROOT, ManagedProcess
+
+
+def test_config_parses_and_checks(tmp_path: Path) -> None:
+    p = tmp_path / "ix.yaml"
+    p.write_text(
+        "redis_url: redis://127.0.0.1:6379/1\nhash_seed: '0'\nmodel_groups:\n  g:\n    hash_algo: sha256\n"
+        "    replicas:\n      - api_base: http://h:8000/v1\n        event_endpoints: ['tcp://h:5557']\n"
+    )
+    cfg = load_indexer_config(p)
+    assert cfg.model_groups["g"].replicas[0].event_endpoints == ["tcp://h:5557"]
+    assert cfg.seed_of("g") == "0" and cfg.port == 8790
+    p.write_text("redis_url: x\nmodel_groups:\n  g:\n    replicas: [{api_base: h, bogus: 1}]\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        load_indexer_config(p)
+    p.write_text("redis_url: x\nmodel_groups:\n  g:\n    hash_algo: md5\n    replicas: [{api_base: h}]\n")
+    with pytest.raises(ConfigError, match="hash_algo"):
+        load_indexer_config(p)
+
+
+def test_wildcard_publisher_endpoints_resolve_to_the_replica_host() -> None:
+    assert connectable("tcp://*:5557", "http://10.1.2.3:8000/v1") == "tcp://10.1.2.3:5557"
+    assert connectable("tcp://0.0.0.0:5557", "http://h:8000") == "tcp://h:5557"
+    assert connectable("ipc:///tmp/x.sock", "http://h:8000") == "ipc:///tmp/x.sock"
+
+
+def test_cli_rejects_bad_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("redis_url: redis://127.0.0.1:1/0\nexactness_sample_rate: 2\n")
+    proc = ManagedProcess("indexer-bad", [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config", str(bad)],
+                          cwd=str(ROOT))
+    rc = proc.proc.wait(60)
+    proc.stop()
+    assert rc == 2
+    assert "exactness_sample_rate" in proc.log_path.read_text()
+
+
+def test_docs_list_every_option_and_metric() -> None:
+    import dataclasses
+
+    import litellm_kv.services.indexer.service  # noqa: F401  (declares the metrics)
+    from litellm_kv.observability import declared_metrics
+    from litellm_kv.services.indexer.config import GroupConfig, IndexerConfig, ReplicaConfig
+
+    page = (ROOT / "docs" / "indexer.md").read_text()
+    for cls in (IndexerConfig, GroupConfig, ReplicaConfig):
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            assert f.name in page, f"{cls.__name__}.{f.name} missing from docs/indexer.md"
+    for name in declared_metrics():
+        if name.startswith("litellm_kv_indexer_"):
+            assert name.removeprefix("litellm_kv_") in page, name

@@ -1,0 +1,370 @@
+"""``litellm-kv indexer`` against real vLLM CPU replicas and a real redis-server.
+
+The indexer runs as its own process (so it can be SIGKILLed). After each fault — indexer killed
+mid-stream, engine restarted, Redis restarted, a replica removed from the config — the shared
+index must again predict exactly what the engines report: for probe prompts, the predicted hit
+tokens per replica (``POST /lookup``, and two independent Redis readers) equal the
+``usage.prompt_tokens_details.cached_tokens`` each engine then returns. Time to recover is
+printed (run with ``-s`` to see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from litellm_kv.index.redis import RedisIndex
+from litellm_kv.routing.fleet import replica_id
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher, predicted_hit_tokens
+from tools.harness.engines import SERVED_NAME, EngineReplica
+from tools.harness.procs import ARTIFACTS, PYTHON, ROOT, ManagedProcess, free_port
+from tools.harness.redis_server import RedisServer
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+GROUP = "tiny"
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+class Indexer:
+    """One ``litellm-kv indexer`` process with its own config file."""
+
+    def __init__(self, redis_url: str, engines: list[EngineReplica], name: str) -> None:
+        self.port = free_port()
+        self.name = name
+        self.path = ARTIFACTS / f"{name}-{self.port}.yaml"
+        self.proc: ManagedProcess | None = None
+        self.write_config(redis_url, engines)
+
+    def write_config(self, redis_url: str, engines: list[EngineReplica]) -> None:
+        cfg = {
+            "redis_url": redis_url,
+            "port": self.port,
+            "heartbeat_interval_s": 1.0,
+            "heartbeat_ttl_s": 10.0,
+            "discovery_interval_s": 1.0,
+            "replay_timeout_s": 3.0,
+            "redis_backoff_max_s": 1.0,
+            "exactness_sample_rate": 1.0,
+            # Endpoints are discovered from GET /kv_event_sources, block size from /metrics.
+            "model_groups": {GROUP: {"replicas": [{"api_base": e.api_base} for e in engines]}},
+        }
+        self.path.write_text(yaml.safe_dump(cfg))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> float:
+        t0 = time.monotonic()
+        self.proc = ManagedProcess(
+            self.name, [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config", str(self.path)], cwd=str(ROOT)
+        )
+        self.proc.wait_until(lambda: httpx.get(self.url + "/health", timeout=2).status_code in (200, 503),
+                             60, "indexer /health")
+        return t0
+
+    def health(self) -> dict[str, Any]:
+        r = httpx.get(self.url + "/health", timeout=5)
+        return dict(r.json())
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        assert self.proc is not None
+        self.proc.wait_until(lambda: self.health()["status"] == "ok", timeout, "indexer healthy")
+
+    def lookup(self, token_ids: list[int]) -> dict[str, int]:
+        r = httpx.post(self.url + "/lookup", json={"model_group": GROUP, "token_ids": token_ids}, timeout=10)
+        r.raise_for_status()
+        return {rid: int(v["hit_tokens"]) for rid, v in r.json()["replicas"].items()}
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # SIGKILL to the process group
+            self.proc.stop()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+
+# -- engine traffic --------------------------------------------------------------------------------
+
+
+def chat(engine: EngineReplica, messages: list[dict[str, str]]) -> int:
+    """Send one request; return the engine's cached_tokens for it."""
+    r = httpx.post(engine.url + "/v1/chat/completions", timeout=60, json={
+        "model": SERVED_NAME, "messages": messages, "max_tokens": 2,
+        "vllm_xargs": {"kv_cache_report_mode": "full"},
+    })
+    assert r.status_code == 200, r.text
+    return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def tokenize(engine: EngineReplica, messages: list[dict[str, str]]) -> list[int]:
+    async def go() -> list[int]:
+        async with EngineClient(engine.url) as c:
+            return await c.tokenize_chat(messages)
+    return asyncio.run(go())
+
+
+def conversation(seed: int, system_words: int = 120, turns: int = 2) -> list[list[dict[str, str]]]:
+    """Growing message lists of one conversation sharing a system prompt per seed // 3."""
+    rng = random.Random(seed // 3)
+    system = _text(rng, system_words)
+    rng = random.Random(seed)
+    msgs = [{"role": "system", "content": system}]
+    out = []
+    for _ in range(turns):
+        msgs = [*msgs, {"role": "user", "content": _text(rng, 30)}]
+        out.append(msgs)
+        msgs = [*msgs, {"role": "assistant", "content": _text(rng, 12)}]
+    return out
+
+
+def traffic(engines: list[EngineReplica], seeds: range) -> None:
+    for seed in seeds:
+        for i, msgs in enumerate(conversation(seed)):
+            chat(engines[(seed + i) % len(engines)], msgs)
+
+
+def settle(ix: Indexer, timeout: float = 10.0) -> None:
+    """Wait until the indexer has applied everything the engines published (no change for 0.4 s)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        h = ix.health()
+        now = [(r["last_seq"], r["connected"]) for r in h["replicas"]]
+        if now == last and all(c for _, c in now):
+            return
+        last = now
+        time.sleep(0.4)
+
+
+def wait_relearned(ix: Indexer, engines: list[EngineReplica], timeout: float = 60) -> None:
+    """Wait until the indexer is healthy and Redis holds entries for every replica again."""
+    assert ix.proc is not None
+    want = {replica_id(e.api_base) for e in engines}
+
+    def ok() -> bool:
+        if ix.health()["status"] != "ok":
+            return False
+        rows = httpx.get(ix.url + "/replicas", timeout=5).json()[GROUP]
+        return {r["replica"] for r in rows if r["entries"] > 0} >= want
+
+    ix.proc.wait_until(ok, timeout, "index re-learned")
+
+
+def check_exact(ix: Indexer, engines: list[EngineReplica], seeds: range, readers: list[RedisIndex] | None = None,
+                hasher: BlockHasher | None = None) -> int:
+    """Predicted hits (indexer and Redis readers) == each engine's cached_tokens, for probes
+    that reuse earlier prefixes. Returns the number of (probe, replica) comparisons."""
+    settle(ix)
+    compared = 0
+    for seed in seeds:
+        msgs = conversation(seed)[-1]
+        tokens = tokenize(engines[0], msgs)
+        predicted = ix.lookup(tokens)
+        if readers and hasher is not None:
+            views = [asyncio.run(_reader_view(r.url, hasher, tokens)) for r in readers]
+            assert all(v == views[0] for v in views), views
+            for rid, hit in predicted.items():
+                assert views[0].get(rid, 0) == hit, (rid, views[0], predicted)
+        for e in engines:
+            actual = chat(e, msgs)
+            assert predicted[replica_id(e.api_base)] == actual, (
+                f"seed {seed} on {e.name}: predicted {predicted}, engine cached {actual}")
+            compared += 1
+        settle(ix)
+    return compared
+
+
+async def _reader_view(url: str, hasher: BlockHasher, tokens: list[int]) -> dict[str, int]:
+    fresh = RedisIndex(url)  # a reader with its own connection, like another proxy process
+    try:
+        m = await fresh.lookup(GROUP, hasher.wire_hashes(tokens))
+    finally:
+        await fresh.close()
+    return {rid: predicted_hit_tokens(x.blocks, len(tokens), hasher.block_size) for rid, x in m.items()}
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_srv() -> Iterator[RedisServer]:
+    srv = RedisServer(name="redis-indexer-test")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def indexer(redis_srv: RedisServer, engines: list[EngineReplica]) -> Iterator[Indexer]:
+    ix = Indexer(redis_srv.url, engines, "indexer-a")
+    ix.start()
+    ix.wait_healthy()
+    yield ix
+    ix.stop()
+
+
+# -- tests -----------------------------------------------------------------------------------------
+
+
+def test_index_matches_engines_and_readers_agree(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    health = indexer.health()
+    assert {r["replica"] for r in health["replicas"]} == {replica_id(e.api_base) for e in engines}
+    assert all(r["block_size"] == 32 and r["hash_algo"] == "sha256" for r in health["replicas"])
+    traffic(engines, range(0, 6))
+    hasher = BlockHasher("sha256", 32)
+    readers = [RedisIndex(redis_srv.url), RedisIndex(redis_srv.url)]
+    n = check_exact(indexer, engines, range(0, 6, 2), readers, hasher)
+    assert n == 6
+    h = indexer.health()
+    assert all(r["exactness"]["mismatched_blocks"] == 0 and r["exact"] for r in h["replicas"]), h
+    assert sum(r["exactness"]["checked_blocks"] for r in h["replicas"]) > 0, h
+    metrics = httpx.get(indexer.url + "/metrics").text
+    assert "litellm_kv_indexer_batches_total" in metrics
+
+
+def test_full_report_mode_reannouncements_stay_exact_under_eviction(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    """With ``kv_cache_report_mode: "full"`` (what the proxies ask for) every hit re-emits
+    ``BlockStored`` from block 0. Counted as copies, repeated prompts would survive their eviction in
+    the index; the apply script must skip them. Hot prompts are hit repeatedly on both replicas, then
+    fresh prompts (~300 blocks per replica, caches hold 256) evict them; probes then compare Redis's
+    prediction with ``cached_tokens`` for every probe on every replica."""
+    rng = random.Random(20260501)
+    hot = [[{"role": "user", "content": f"hot {i}: " + _text(rng, 200)}] for i in range(4)]
+    for e in engines:
+        for msgs in hot:
+            chat(e, msgs)
+            chat(e, msgs)  # a full hit: re-announced
+            chat(e, [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": _text(rng, 20)}])
+    settle(indexer)
+    reannounced = sum(s["reannounced"] for r in indexer.health()["replicas"] for s in r["streams"])
+    assert reannounced >= 2 * len(hot) * 2, indexer.health()
+    fresh = [[{"role": "user", "content": f"fresh {i}: " + _text(rng, 200)}] for i in range(16)]
+    for i, msgs in enumerate(fresh):
+        for e in engines:
+            chat(e, msgs if i % 2 else [*msgs, {"role": "user", "content": _text(rng, 40)}])
+
+    probes = [*hot, *fresh[-3:], hot[0], fresh[0]]
+    settle(indexer)
+    hasher = BlockHasher("sha256", 32)
+    compared = evicted = 0
+    for msgs in probes:
+        tokens = tokenize(engines[0], msgs)
+        predicted = asyncio.run(_reader_view(redis_srv.url, hasher, tokens))  # like a proxy
+        assert all(predicted.get(rid, 0) == hit for rid, hit in indexer.lookup(tokens).items())
+        for e in engines:
+            actual = chat(e, msgs)
+            rid = replica_id(e.api_base)
+            assert predicted.get(rid, 0) == actual, f"{e.name}: predicted {predicted.get(rid, 0)}, cached {actual}"
+            compared += 1
+            evicted += msgs in hot and actual < predicted_hit_tokens(len(tokens) // 32, len(tokens), 32)
+        settle(indexer)
+    print(f"\n[full report mode] {compared}/{compared} probes exact after eviction "
+          f"({evicted} probes of hot prompts found them evicted; {reannounced} re-announcements skipped)")
+    assert evicted > 0, "the traffic did not evict the hot prompts"
+
+
+def test_two_indexers_do_not_double_count(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    second = Indexer(redis_srv.url, engines, "indexer-b")
+    second.start()
+    try:
+        second.wait_healthy()
+        traffic(engines, range(10, 14))
+        check_exact(indexer, engines, range(10, 14, 2))
+        assert second.lookup(tokenize(engines[0], conversation(10)[-1])) == indexer.lookup(
+            tokenize(engines[0], conversation(10)[-1]))
+        dups = sum(s["duplicates"] for r in second.health()["replicas"] for s in r["streams"])
+        dups += sum(s["duplicates"] for r in indexer.health()["replicas"] for s in r["streams"])
+        assert dups > 0  # both saw the batches; Redis applied each once
+    finally:
+        second.stop()
+
+
+def test_indexer_sigkill_mid_stream_recovers(indexer: Indexer, engines: list[EngineReplica]) -> None:
+    stop = threading.Event()
+
+    def background() -> None:
+        seed = 100
+        while not stop.is_set():
+            traffic(engines, range(seed, seed + 1))
+            seed += 1
+
+    t = threading.Thread(target=background, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    indexer.kill()  # SIGKILL while batches keep coming
+    time.sleep(1.5)
+    stop.set()
+    t.join(60)
+    t0 = indexer.start()
+    indexer.wait_healthy()
+    check_exact(indexer, engines, range(100, 104, 2))
+    print(f"\n[recovery] indexer SIGKILL -> exact again in {time.monotonic() - t0:.2f}s (incl. process start)")
+
+
+def test_redis_restart_recovers(indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer) -> None:
+    traffic(engines, range(200, 203))
+    redis_srv.restart()  # no persistence: the whole index is gone
+    t0 = time.monotonic()
+    wait_relearned(indexer, engines)
+    check_exact(indexer, engines, range(200, 203))
+    print(f"\n[recovery] Redis restart (data lost) -> exact again in {time.monotonic() - t0:.2f}s")
+    h = indexer.health()
+    assert all(r["resyncs"] >= 1 for r in h["replicas"]), h  # each stream noticed and resynchronised
+
+
+def test_engine_restart_recovers(indexer: Indexer, engines: list[EngineReplica]) -> None:
+    traffic(engines, range(300, 303))
+    t_restart = time.monotonic()
+    engines[0].restart()
+    t0 = time.monotonic()
+    traffic(engines, range(303, 305))
+    check_exact(indexer, engines, range(300, 305, 2))
+    print(f"\n[recovery] engine restart ({t0 - t_restart:.1f}s to start) -> exact again "
+          f"{time.monotonic() - t0:.2f}s after it was ready (incl. probes)")
+
+
+def test_replica_removed_from_config_is_purged(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    traffic(engines, range(400, 402))
+    settle(indexer)
+    gone = replica_id(engines[1].api_base)
+    before = httpx.get(indexer.url + "/replicas").json()[GROUP]
+    assert any(r["replica"] == gone and r["entries"] > 0 for r in before)
+    indexer.stop()
+    indexer.write_config(redis_srv.url, engines[:1])
+    indexer.start()
+    indexer.wait_healthy()
+    after = httpx.get(indexer.url + "/replicas").json()[GROUP]
+    assert [r["replica"] for r in after] == [replica_id(engines[0].api_base)], json.dumps(after)
+    # And back: the re-added replica is re-learned from its replay buffer.
+    indexer.stop()
+    indexer.write_config(redis_srv.url, engines)
+    indexer.start()
+    indexer.wait_healthy()
+    check_exact(indexer, engines, range(400, 402))

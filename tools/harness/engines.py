@@ -1,0 +1,227 @@
+"""Real vLLM CPU replicas for tests: the tiny local model, prefix caching and KV events on.
+
+``start_replicas(n)`` builds the model once (``tools/engine/build_model.py``), starts ``n``
+replicas in parallel (each ~1.2 GB and ~25 s on 2 cores; never run more than 2 at once) and
+waits for ``/health``. Each :class:`EngineReplica` knows its HTTP URL and its KV-event
+endpoints in both ZMQ directions, and can be killed and restarted on the same ports.
+
+Event endpoint modes (``events=``):
+* ``"ipc"`` (default): the engine's PUB binds ``ipc://...``; subscribers connect.
+* ``"tcp-connect"``: the engine's PUB *connects* to ``tcp://127.0.0.1:P``; the subscriber must
+  bind that address (vLLM connects for any concrete tcp host).
+* ``"tcp-bind"``: the engine binds ``tcp://*:P``; subscribers connect to ``tcp://127.0.0.1:P``.
+The replay ROUTER is always bound by the engine on ``tcp://127.0.0.1:R``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
+
+ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
+BUILD = ROOT / "tools" / "engine" / "build_model.py"
+BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
+SERVE = ROOT / "tools" / "engine" / "serve.py"
+MODEL_DIR = ARTIFACTS / "tiny-model"
+LORA_DIR = ARTIFACTS / "tiny-lora"
+SERVED_NAME = "tiny"
+START_TIMEOUT_S = 180.0
+
+
+def ensure_model(out: Path = MODEL_DIR) -> Path:
+    """Build the tiny model once (a version marker skips rebuilds; a file lock serialises
+    concurrent pytest sessions)."""
+    if not ENGINE_PY.exists():
+        raise RuntimeError(f"{ENGINE_PY} is missing: create the engine venv first (see README)")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([str(ENGINE_PY), str(BUILD), "--out", str(out)], check=True,
+                       capture_output=True, timeout=300)
+    return out
+
+
+def ensure_lora(model: Path, out: Path = LORA_DIR) -> Path:
+    """Build the tiny model's LoRA adapter once (``tools/engine/build_lora.py``; same lock as the model)."""
+    with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([str(ENGINE_PY), str(BUILD_LORA), "--model", str(model), "--out", str(out)], check=True,
+                       capture_output=True, timeout=300)
+    return out
+
+
+@dataclass
+class EngineReplica:
+    """One vLLM replica process and its endpoints (ports survive restarts)."""
+
+    name: str
+    port: int
+    model_dir: Path
+    block_size: int = 32
+    kv_cache_bytes: str = "8M"
+    hash_algo: str = "sha256"
+    events: str = "ipc"
+    topic: str = "kv-events"
+    buffer_steps: int = 10_000
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    events_endpoint: str = ""  # as given to the engine
+    subscribe_endpoint: str = ""  # what a subscriber uses
+    subscriber_binds: bool = False
+    replay_endpoint: str = ""
+    proc: ManagedProcess | None = None
+    starts: int = 0
+
+    def __post_init__(self) -> None:
+        ev_port = free_port()
+        if self.events == "ipc":
+            sock = Path(tempfile.gettempdir()) / f"litellm-kv-{os.getpid()}-{self.name}.sock"
+            self.events_endpoint = self.subscribe_endpoint = f"ipc://{sock}"
+        elif self.events == "tcp-connect":
+            self.events_endpoint = self.subscribe_endpoint = f"tcp://127.0.0.1:{ev_port}"
+            self.subscriber_binds = True
+        elif self.events == "tcp-bind":
+            self.events_endpoint = f"tcp://*:{ev_port}"
+            self.subscribe_endpoint = f"tcp://127.0.0.1:{ev_port}"
+        else:
+            raise ValueError(f"unknown events mode {self.events!r}")
+        self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_base(self) -> str:
+        return self.url + "/v1"
+
+    def argv(self) -> list[str]:
+        return [
+            str(ENGINE_PY), str(SERVE),
+            "--port", str(self.port),
+            "--model", str(self.model_dir),
+            "--served-model-name", SERVED_NAME,
+            "--block-size", str(self.block_size),
+            "--kv-cache-bytes", self.kv_cache_bytes,
+            "--hash-algo", self.hash_algo,
+            "--kv-events-endpoint", self.events_endpoint,
+            "--replay-endpoint", self.replay_endpoint,
+            "--topic", self.topic,
+            "--buffer-steps", str(self.buffer_steps),
+            "--", *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        """Spawn the process (returns at once; see :meth:`wait_ready`)."""
+        env = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_TARGET_DEVICE": "cpu",
+            **self.env,
+        }
+        self.proc = ManagedProcess(f"vllm-{self.name}", self.argv(), env=env, cwd=str(ROOT))
+        self.starts += 1
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        assert self.proc is not None
+        self.proc.wait_http(self.url + "/health", timeout)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def kill(self) -> None:
+        """SIGKILL the replica (a crash: no clean shutdown, no final events)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.stop()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+        if self.events_endpoint.startswith("ipc://"):
+            Path(self.events_endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+    def restart(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Kill and start again on the same ports; the new engine's ``seq`` starts at 0."""
+        self.kill()
+        self.start()
+        self.wait_ready(timeout)
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.proc.log_tail(n) if self.proc is not None else ""
+
+
+def start_replicas(
+    n: int = 2,
+    *,
+    kv_cache_bytes: str = "8M",
+    block_size: int = 32,
+    hash_algo: str = "sha256",
+    events: str = "ipc",
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    name_prefix: str = "r",
+    timeout: float = START_TIMEOUT_S,
+) -> list[EngineReplica]:
+    """Start ``n`` replicas in parallel and wait until each answers ``/health``.
+    On failure every replica started here is stopped and the error shows the engine log.
+
+    Ports are picked free just before the engines bind them; another process can take one in between
+    (seen on busy machines), so a failed start is retried once on fresh ports."""
+    model = ensure_model()
+    for attempt in (1, 2):
+        reps = [
+            EngineReplica(
+                name=f"{name_prefix}{i}", port=free_port(), model_dir=model, block_size=block_size,
+                kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, events=events,
+                extra_args=tuple(extra_args), env=dict(env or {}),
+            )
+            for i in range(n)
+        ]
+        t0 = time.monotonic()
+        try:
+            for r in reps:
+                r.start()
+            with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+                for fut in [pool.submit(r.wait_ready, timeout) for r in reps]:
+                    fut.result()
+        except BaseException as exc:
+            stop_replicas(reps)
+            if attempt == 2 or not isinstance(exc, (RuntimeError, TimeoutError)):
+                raise
+            print(f"[engines] start failed ({str(exc).splitlines()[0]}); retrying on fresh ports", flush=True)
+            continue
+        print(f"[engines] {n} vLLM replicas ready in {time.monotonic() - t0:.1f}s: "
+              + ", ".join(r.url for r in reps), flush=True)
+        return reps
+    raise AssertionError("unreachable")
+
+
+def reset_prefix_caches(reps: Sequence[EngineReplica], settle_s: float = 0.5) -> None:
+    """Empty every replica's prefix cache (``POST /reset_prefix_cache``, needs ``VLLM_SERVER_DEV_MODE=1``)
+    and give the resulting ``AllBlocksCleared`` events a moment to reach the index."""
+    for r in reps:
+        httpx.post(f"{r.url}/reset_prefix_cache", timeout=30).raise_for_status()
+    time.sleep(settle_s)
+
+
+def stop_replicas(reps: Sequence[EngineReplica]) -> None:
+    for r in reps:
+        with contextlib.suppress(Exception):
+            r.stop()
