@@ -666,10 +666,10 @@ return {winner, outcome, hit, stale}
 class RedisPinStore:
     """Pins in Redis, shared by every proxy; one Lua script per request (lookup, claim, refresh)."""
 
-    def __init__(self, url: str, timeout: float = 0.25) -> None:
-        import redis.asyncio as aioredis
+    def __init__(self, url: str, timeout: float | None = None) -> None:
+        from litellm_kv.redis_client import RedisUse, connect
 
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._redis = connect(url, RedisUse.PINS, timeout_s=timeout)
         self._script = self._redis.register_script(_RESOLVE_LUA)
 
     async def resolve(self, keys: Sequence[str], candidates: Candidates) -> Resolution:

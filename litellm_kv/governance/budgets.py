@@ -170,7 +170,7 @@ class RedisPeriodBudgets:
         *,
         prefix: str = "litellm_kv",
         fail_open: bool = True,
-        timeout_s: float = 0.5,
+        timeout_s: float | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
@@ -179,11 +179,9 @@ class RedisPeriodBudgets:
         self.fail_open = fail_open
         self._clock = clock
         if client is None:
-            import redis.asyncio as aioredis
+            from litellm_kv.redis_client import RedisUse, connect
 
-            client = aioredis.Redis.from_url(
-                redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
+            client = connect(redis_url, RedisUse.BUDGETS, timeout_s=timeout_s)
         self._redis = client
 
     def key(self, scope: str, meter: str, period: Period, now: datetime) -> str:

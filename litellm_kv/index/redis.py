@@ -58,6 +58,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch
+from litellm_kv.redis_client import RedisUse, connect
 from litellm_kv.tasks import cancel_and_wait
 
 KEY_PREFIX = "lkv"
@@ -521,13 +522,11 @@ class RedisIndex:
     """
 
     def __init__(
-        self, url: str, *, client: aioredis.Redis | None = None, socket_timeout_s: float = 5.0,
+        self, url: str, *, client: aioredis.Redis | None = None, socket_timeout_s: float | None = None,
         sweep_step: int = SWEEP_STEP, auto_sweep: bool = True,
     ):
         self.url = url
-        self.client: aioredis.Redis = client or aioredis.from_url(
-            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
-        )
+        self.client: aioredis.Redis = client or connect(url, RedisUse.INDEX, timeout_s=socket_timeout_s)
         self._apply = self.client.register_script(_APPLY)
         self._lookup = self.client.register_script(_LOOKUP)
         self._riding: dict[str, AsyncScript] = {}  # rider Lua -> the lookup script carrying it

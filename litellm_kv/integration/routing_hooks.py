@@ -28,6 +28,7 @@ from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
+from litellm_kv.redis_client import RedisUse, connect
 from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import Fleet, replica_id
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker
@@ -127,9 +128,7 @@ class _Group:
         if embedded:
             self.load = InMemoryLoadTracker(load_cfg)
         else:
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(str(redis_url), socket_timeout=5.0, socket_connect_timeout=5.0)
+            client = connect(str(redis_url), RedisUse.LOAD)
             self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc())
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
