@@ -44,7 +44,7 @@ PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.routing.cost.CostConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),
     "litellm_kv.routing.load.LoadConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.load"),
     "litellm_kv.routing.siblings.SiblingConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.siblings"),
-    "litellm_kv.affinity.AffinityOptions": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
+    "litellm_kv.routing.affinity.options.AffinityOptions": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
     "litellm_kv.governance.reasoning.GroupReasoningSettings": ("proxy", "litellm_kv.model_groups.<group>.reasoning"),
     "litellm_kv.integration.vision_hooks.GroupVisionSettings": ("proxy", "litellm_kv.model_groups.<group>.vision"),
     "litellm_kv.integration.vision_hooks.FetchSettings": ("proxy", "litellm_kv.model_groups.<group>.vision.fetch"),

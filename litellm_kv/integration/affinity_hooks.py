@@ -1,6 +1,6 @@
 """LiteLLM side of prompt-cache affinity (groups with ``litellm_kv.model_groups.<g>.routing: affinity``).
 
-``filter_deployments`` asks :class:`~litellm_kv.affinity.AffinityRouter` for the deployment and
+``filter_deployments`` asks :class:`~litellm_kv.routing.affinity.AffinityRouter` for the deployment and
 returns it as a one-element list, so LiteLLM's retries, fallbacks and cooldowns keep working:
 a retry calls ``filter_deployments`` again with the failed deployment listed in
 ``metadata.previous_models``, and the pin moves. ``pre_deployment`` and the end-of-attempt hooks
@@ -14,7 +14,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from litellm_kv.affinity import (
+from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.errors import ConfigError
+from litellm_kv.integration.hooks import Handler
+from litellm_kv.observability import counter
+from litellm_kv.routing.affinity import (
     AffinityOptions,
     AffinityRouter,
     Clock,
@@ -26,10 +30,6 @@ from litellm_kv.affinity import (
     RedisPinStore,
     provider_of,
 )
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section
-from litellm_kv.errors import ConfigError
-from litellm_kv.integration.hooks import Handler
-from litellm_kv.observability import counter
 
 log = logging.getLogger("litellm_kv")
 

@@ -146,10 +146,10 @@ def test_proxy_and_indexers_mount_the_repository_configs(compose: dict[str, Any]
 
 
 def test_litellm_config_parses_with_every_feature_parser() -> None:
-    from litellm_kv.affinity import AffinityOptions
     from litellm_kv.governance import reasoning
     from litellm_kv.governance.policy import config_layer, metadata_layer
     from litellm_kv.integration import vision_hooks
+    from litellm_kv.routing.affinity import AffinityOptions
     from litellm_kv.routing.cost import CostConfig
     from litellm_kv.routing.options import KVRoutingOptions
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from litellm_kv.affinity import (
+from litellm_kv.config import parse_section
+from litellm_kv.errors import ConfigError
+from litellm_kv.routing.affinity import (
     AffinityOptions,
     AffinityRouter,
     CacheProfile,
@@ -29,8 +31,6 @@ from litellm_kv.affinity import (
     request_ttl,
     select_keys,
 )
-from litellm_kv.config import parse_section
-from litellm_kv.errors import ConfigError
 from tools.harness.redis_server import RedisServer
 
 WORDS = [
