@@ -24,7 +24,7 @@ from litellm_kv.routing.affinity import (
     Clock,
     Decision,
     DeploymentId,
-    LoadTracker,
+    InFlightCounter,
     MemoryPinStore,
     PinStore,
     RedisPinStore,
@@ -99,7 +99,7 @@ class AffinityHandler(Handler):
         self._given_store = store
         self._stores: dict[str, PinStore] = {}
         self._routers: dict[str, AffinityRouter | None] = {}
-        self.load = LoadTracker(clock) if clock is not None else LoadTracker()
+        self.load = InFlightCounter(clock) if clock is not None else InFlightCounter()
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:

@@ -20,7 +20,7 @@ from litellm_kv.routing.affinity import (
     Candidates,
     DeploymentId,
     EstimateMeter,
-    LoadTracker,
+    InFlightCounter,
     MemoryPinStore,
     PinStore,
     RedisPinStore,
@@ -264,7 +264,7 @@ DEPS = [("dep-a", "openai", "gpt-4o", {}), ("dep-b", "openai", "gpt-4o", {})]
 
 def make_router(clock: FakeClock, **opts: Any) -> AffinityRouter:
     options = parse_section(AffinityOptions, opts, "t")
-    return AffinityRouter("g", options, MemoryPinStore(clock), LoadTracker(clock))
+    return AffinityRouter("g", options, MemoryPinStore(clock), InFlightCounter(clock))
 
 
 async def test_pin_survives_20_minutes_of_inactivity_with_1h_ttl() -> None:

@@ -13,11 +13,12 @@ part of that, with no LiteLLM import (``litellm_kv.integration.affinity_hooks`` 
 * ``pins``: :class:`PinStore` (in-process :class:`MemoryPinStore`, shared :class:`RedisPinStore`)
   resolves a request atomically: follow the longest live pin, else claim every boundary for a
   proposed deployment *before* the call, so a burst of identical new prefixes lands on one deployment.
-* ``inflight``: :class:`LoadTracker` counts in-flight attempts per deployment and remembers recent failures.
+* ``inflight``: :class:`InFlightCounter` counts in-flight attempts per deployment and remembers recent
+  failures (the load cap; not :class:`litellm_kv.routing.load.LoadTracker`, which KV routing uses).
 * ``router``: :class:`AffinityRouter` puts them together for one request.
 """
 
-from litellm_kv.routing.affinity.inflight import Clock, DeploymentId, LoadTracker
+from litellm_kv.routing.affinity.inflight import Clock, DeploymentId, InFlightCounter
 from litellm_kv.routing.affinity.keys import KEY_VERSION, Prefix, PrefixDigest, conversation_prefixes, select_keys
 from litellm_kv.routing.affinity.meters import (
     EstimateMeter,
@@ -45,7 +46,7 @@ __all__ = [
     "DeploymentId",
     "EstimateMeter",
     "HFMeter",
-    "LoadTracker",
+    "InFlightCounter",
     "MemoryPinStore",
     "Outcome",
     "PinStore",

@@ -10,7 +10,7 @@ DeploymentId = NewType("DeploymentId", str)
 Clock = Callable[[], float]
 
 
-class LoadTracker:
+class InFlightCounter:
     """In-flight attempts per deployment (this process) and the time each deployment last failed."""
 
     def __init__(self, clock: Clock = time.monotonic, stale_after: float = 900.0) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from litellm_kv.routing.affinity.inflight import DeploymentId, LoadTracker
+from litellm_kv.routing.affinity.inflight import DeploymentId, InFlightCounter
 from litellm_kv.routing.affinity.keys import PrefixDigest, conversation_prefixes, select_keys
 from litellm_kv.routing.affinity.meters import TokenMemo, make_meter
 from litellm_kv.routing.affinity.options import AffinityOptions
@@ -35,7 +35,7 @@ class AffinityRouter:
         group: str,
         options: AffinityOptions,
         store: PinStore,
-        load: LoadTracker,
+        load: InFlightCounter,
         *,
         memo: TokenMemo | None = None,
         rng: Callable[[Sequence[str]], str] | None = None,
