@@ -22,10 +22,10 @@ from litellm_kv.routing.affinity import (
     AffinityOptions,
     AffinityRouter,
     Clock,
-    Decision,
     DeploymentId,
     InFlightCounter,
     MemoryPinStore,
+    PinDecision,
     PinStore,
     RedisPinStore,
     provider_of,
@@ -100,7 +100,7 @@ class AffinityHandler(Handler):
         self._stores: dict[str, PinStore] = {}
         self._routers: dict[str, AffinityRouter | None] = {}
         self.load = InFlightCounter(clock) if clock is not None else InFlightCounter()
-        self._decisions: OrderedDict[str, Decision] = OrderedDict()
+        self._decisions: OrderedDict[str, PinDecision] = OrderedDict()
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         return group is not None and group.routing == "affinity"
@@ -150,7 +150,7 @@ class AffinityHandler(Handler):
         for store in self._stores.values():
             await store.close()
 
-    def _remember(self, call_id: str | None, decision: Decision) -> None:
+    def _remember(self, call_id: str | None, decision: PinDecision) -> None:
         if not call_id:
             return
         self._decisions[call_id] = decision
@@ -191,7 +191,7 @@ class AffinityHandler(Handler):
         except Exception:
             MISSES.labels(model_group, "store_error").inc()
             log.warning("litellm-kv: affinity store failed for %s; LiteLLM routes alone", model_group, exc_info=True)
-            self._remember(request_kwargs.get("litellm_call_id"), Decision(None, "store_error"))
+            self._remember(request_kwargs.get("litellm_call_id"), PinDecision(None, "store_error"))
             return None
         self._count(model_group, decision)
         self._remember(request_kwargs.get("litellm_call_id"), decision)
@@ -200,7 +200,7 @@ class AffinityHandler(Handler):
         chosen = [d for d in deployments if str((d.get("model_info") or {}).get("id")) == decision.deployment]
         return chosen[:1] or None
 
-    def _count(self, group: str, decision: Decision) -> None:
+    def _count(self, group: str, decision: PinDecision) -> None:
         if decision.reason == "hit":
             HITS.labels(group).inc()
         elif decision.reason == "new":

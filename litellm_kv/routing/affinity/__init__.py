@@ -32,7 +32,7 @@ from litellm_kv.routing.affinity.meters import (
 from litellm_kv.routing.affinity.options import AffinityOptions
 from litellm_kv.routing.affinity.pins import Candidates, MemoryPinStore, Outcome, PinStore, RedisPinStore, Resolution
 from litellm_kv.routing.affinity.profiles import CacheProfile, profile_for, provider_of
-from litellm_kv.routing.affinity.router import AffinityRouter, Decision
+from litellm_kv.routing.affinity.router import AffinityRouter, PinDecision
 from litellm_kv.routing.affinity.ttl import parse_ttl, request_ttl
 
 __all__ = [
@@ -42,13 +42,13 @@ __all__ = [
     "CacheProfile",
     "Candidates",
     "Clock",
-    "Decision",
     "DeploymentId",
     "EstimateMeter",
     "HFMeter",
     "InFlightCounter",
     "MemoryPinStore",
     "Outcome",
+    "PinDecision",
     "PinStore",
     "Prefix",
     "PrefixDigest",

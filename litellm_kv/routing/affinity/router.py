@@ -17,7 +17,7 @@ from litellm_kv.routing.affinity.ttl import parse_ttl, request_ttl
 
 
 @dataclass(slots=True)
-class Decision:
+class PinDecision:
     """One request's affinity decision, kept for its failure hook and for metrics."""
 
     deployment: str | None
@@ -60,7 +60,7 @@ class AffinityRouter:
         failed_in_request: frozenset[str] = frozenset(),
         namespace_extra: str = "",
         retention: Any = None,
-    ) -> Decision:
+    ) -> PinDecision:
         """``deployments``: (id, provider, model, model_info) of the healthy deployments."""
         opts = self.options
         failed = set(failed_in_request)
@@ -70,7 +70,7 @@ class AffinityRouter:
         if not allowed:
             allowed = [d for d in deployments if d[0] not in failed_in_request]
         if not allowed:
-            return Decision(None, "no_deployment")
+            return PinDecision(None, "no_deployment")
         _, provider, model, _ = allowed[0]
         profile = profile_for(provider, opts)
         meter = make_meter(opts.tokenizer, opts, provider, model)
@@ -79,7 +79,7 @@ class AffinityRouter:
         )
         chosen = select_keys(prefixes, profile, opts)
         if not chosen:
-            return Decision(None, "too_short")
+            return PinDecision(None, "too_short")
         keys = [self.key_name(p.digest) for p in chosen]
         req_ttl = request_ttl(messages, tools, retention) if opts.follow_request_ttl else None
         ttl_ms: dict[str, int] = {}
@@ -102,4 +102,4 @@ class AffinityRouter:
         candidates = Candidates(ttl_ms, proposal, frozenset(busy), frozenset(failed))
         res = await self.store.resolve(keys, candidates)
         hit_tokens = chosen[res.hit_index].tokens if res.outcome == "hit" else 0
-        return Decision(res.deployment, res.outcome, keys, res.stale, profile.cacheable(hit_tokens))
+        return PinDecision(res.deployment, res.outcome, keys, res.stale, profile.cacheable(hit_tokens))
