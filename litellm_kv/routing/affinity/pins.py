@@ -7,6 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Literal, Protocol
 
 
@@ -127,37 +128,7 @@ class MemoryPinStore:
 
 
 # The same algorithm as _plan, in Lua, so lookup and claim are one atomic step on the server.
-_RESOLVE_LUA = """
-local c = cjson.decode(ARGV[1])
-local values, stale, hit = {}, '', 0
-for i, k in ipairs(KEYS) do
-  local v = redis.call('GET', k)
-  values[i] = v
-  if v and hit == 0 then
-    if c.ttl[v] and not c.failed[v] then
-      if c.busy[v] then return {c.proposal, 'overloaded', i, ''} end
-      hit = i
-    elseif stale == '' then
-      if c.failed[v] then stale = 'failed' else stale = 'unhealthy' end
-    end
-  end
-end
-local winner, outcome = c.proposal, 'new'
-if hit > 0 then winner = values[hit]; outcome = 'hit'; stale = ''
-elseif stale ~= '' then outcome = 'repin' end
-local ttl = c.ttl[winner]
-for i, k in ipairs(KEYS) do
-  local v = values[i]
-  if hit == 0 or i < hit then
-    redis.call('SET', k, winner, 'PX', ttl)
-  elseif i == hit or v == winner then
-    redis.call('PEXPIRE', k, ttl)
-  elseif (not v) or (not c.ttl[v]) or c.failed[v] then
-    redis.call('SET', k, winner, 'PX', ttl)
-  end
-end
-return {winner, outcome, hit, stale}
-"""
+_RESOLVE_LUA = resources.files("litellm_kv.routing.affinity").joinpath("lua/resolve.lua").read_text(encoding="utf-8")
 
 
 class RedisPinStore:
