@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from litellm_kv.config import Settings
@@ -48,6 +47,7 @@ from litellm_kv.governance.reasoning import (
 from litellm_kv.integration.governance import GovernanceHandler
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
+from litellm_kv.routing.affinity.meters import HFMeter
 
 log = logging.getLogger("litellm_kv.governance.reasoning")
 
@@ -84,21 +84,6 @@ HIDDEN = counter(
 INVALID_METADATA = counter(
     "reasoning_invalid_metadata", "Requests with malformed reasoning settings in key/team metadata.", ["action"]
 )
-
-
-class _Tokenizer:
-    """The group's tokenizer (Hugging Face ``tokenizers``), loaded once; ``None`` when not configured."""
-
-    def __init__(self, path: str) -> None:
-        from tokenizers import Tokenizer
-
-        p = Path(path)
-        if p.is_dir():
-            p = p / "tokenizer.json"
-        self._tok = Tokenizer.from_file(str(p))
-
-    def count(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
 
 
 @dataclass(slots=True)
@@ -172,17 +157,17 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
 
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings, budgets)
-        self._tokenizers: dict[str, _Tokenizer | None] = {}
+        self._tokenizers: dict[str, HFMeter | None] = {}
         self._streams: dict[str, _StreamTally] = {}
 
     # -- set-up ----------------------------------------------------------------------------------
-    def tokenizer(self, group: str) -> _Tokenizer | None:
+    def tokenizer(self, group: str) -> HFMeter | None:
         if group not in self._tokenizers:
             path = self.group_settings(group).tokenizer if self.settings.group(group) else None
-            tok: _Tokenizer | None = None
+            tok: HFMeter | None = None
             if path:
                 try:
-                    tok = _Tokenizer(path)
+                    tok = HFMeter.of_model(path)
                 except Exception:
                     log.exception("litellm-kv: cannot load tokenizer %s for group %s; estimating", path, group)
             self._tokenizers[group] = tok

@@ -1,4 +1,7 @@
-"""Counting prompt tokens: an exact tokenizer where one is available offline, else an estimate."""
+"""Counting tokens of text: an exact tokenizer where one is available offline, else an estimate.
+
+Affinity meters prompt prefixes with these; the reasoning handler counts reasoning text with :class:`HFMeter`.
+"""
 
 from __future__ import annotations
 
@@ -48,16 +51,27 @@ class TiktokenMeter:
 
 
 class HFMeter:
-    """A Hugging Face ``tokenizer.json`` (``tokenizers`` package)."""
+    """A Hugging Face ``tokenizer.json`` (``tokenizers`` package); the one Hugging Face counter of the package.
 
-    def __init__(self, path: str) -> None:
+    Special tokens are not added: a piece of prompt or reasoning text is counted as the model reads
+    it inside a conversation. Loading raises when the file is missing or unreadable; each caller
+    decides what to fall back to.
+    """
+
+    def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(path)
+        self._tok = Tokenizer.from_file(str(path))
         self.name = f"hf:{path}"
 
+    @classmethod
+    def of_model(cls, path: str | Path) -> HFMeter:
+        """The tokenizer at ``path``: a ``tokenizer.json``, or a model directory holding one."""
+        p = Path(path)
+        return cls(p / "tokenizer.json" if p.is_dir() else p)
+
     def count(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
 
 
 def _litellm_tokenizer_dir() -> Path | None:
