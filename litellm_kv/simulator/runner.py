@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.report import Summary, summarise
 from litellm_kv.simulator.simulation import SimConfig, Simulation
-from litellm_kv.simulator.strategies import STRATEGIES, Strategy
+from litellm_kv.simulator.strategies import STRATEGIES
 from litellm_kv.simulator.workload import SimRequest, scale_rate
 
 ALL = list(STRATEGIES)

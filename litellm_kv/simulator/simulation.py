@@ -17,16 +17,13 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgpack
 
 from litellm_kv.simulator.cache import Allocation, BlockCache
+from litellm_kv.simulator.interface import Gauges, Strategy
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.workload import SimRequest
-
-if TYPE_CHECKING:
-    from litellm_kv.simulator.strategies import Strategy
 
 _ARRIVE, _EVENTS, _FIRST, _FINISH, _SCRAPE = range(5)
 
@@ -55,15 +52,6 @@ class Outcome:
     e2e_s: float = math.nan
     itl_s: float = math.nan
     predicted_hit_tokens: int = -1
-
-
-@dataclass(slots=True)
-class Gauges:
-    """What a router scraping /metrics sees (refreshed every scrape interval)."""
-
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0
 
 
 class Replica:

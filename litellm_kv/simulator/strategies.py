@@ -23,14 +23,14 @@ from litellm_kv.index.base import KVIndex
 from litellm_kv.routing.cost import Candidate, CostConfig, CostModel
 from litellm_kv.routing.load import InMemoryLoadTracker
 from litellm_kv.routing.siblings import SiblingIndex
-from litellm_kv.simulator.simulation import Gauges
+from litellm_kv.simulator.interface import Gauges, Strategy
 from litellm_kv.simulator.workload import SimRequest
 from litellm_kv.vllm.events import AllBlocksCleared, decode_event_batch, to_block_ops
 
 GROUP = "sim"
 
 
-class Strategy:
+class BaseStrategy:
     """Base: router-side in-flight accounting every strategy can see (requests it sent that
     have not finished, their prefill tokens before the first token, their blocks)."""
 
@@ -85,7 +85,7 @@ class Strategy:
         return self.rng.choice([i for i, v in enumerate(self.inflight) if v == best])
 
 
-class RandomChoice(Strategy):
+class RandomChoice(BaseStrategy):
     """LiteLLM's default ``simple-shuffle`` (equal weights)."""
 
     name = "random"
@@ -101,7 +101,7 @@ class PromptCachingNoMarkers(RandomChoice):
     name = "litellm-prompt-caching"
 
 
-class RoundRobin(Strategy):
+class RoundRobin(BaseStrategy):
     name = "round-robin"
 
     def __init__(self, seed: int = 0) -> None:
@@ -114,7 +114,7 @@ class RoundRobin(Strategy):
         return i, -1
 
 
-class LeastLoaded(Strategy):
+class LeastLoaded(BaseStrategy):
     """Fewest in-flight requests (LiteLLM ``least-busy``), random tie-break."""
 
     name = "least-loaded"
@@ -123,7 +123,7 @@ class LeastLoaded(Strategy):
         return self.least_inflight(), -1
 
 
-class SessionAffinity(Strategy):
+class SessionAffinity(BaseStrategy):
     """LiteLLM session affinity: the first request of a session is shuffled, later ones
     follow the pin (first writer wins, no re-pin, no load check)."""
 
@@ -140,7 +140,7 @@ class SessionAffinity(Strategy):
         return idx, -1
 
 
-class PrefixAware(Strategy):
+class PrefixAware(BaseStrategy):
     """vLLM production-stack ``prefixaware``: a trie of chunks with the replicas that were sent
     each chunk; longest match wins, random tie-break among its holders, random when nothing
     matches; entries are never evicted or deleted. Chunks are token blocks here."""
@@ -165,7 +165,7 @@ class PrefixAware(Strategy):
         return idx, -1
 
 
-class SGLangCacheAware(Strategy):
+class SGLangCacheAware(BaseStrategy):
     """SGLang model gateway ``cache_aware``: an approximate tree per replica of what was sent
     there (LRU-trimmed to ``max_tree_tokens`` every ``eviction_interval_s``); shortest queue
     when loads are imbalanced (max−min > 64 and max > 1.5·min in-flight requests); else the
@@ -224,7 +224,7 @@ class SGLangCacheAware(Strategy):
         return idx, -1
 
 
-class LlmdApproximate(Strategy):
+class LlmdApproximate(BaseStrategy):
     """llm-d's approximate prefix scorer: a router-side LRU per pod of 64-token block keys
     recorded at routing time (capacity ``lru_blocks``), combined as llm-d's default scheduling
     profile does with a queue scorer and a KV-utilisation scorer (weights 3 : 2 : 2)."""
@@ -280,7 +280,7 @@ def _memory_index() -> KVIndex:
     return index
 
 
-class _EventDriven(Strategy):
+class _EventDriven(BaseStrategy):
     """Learns replica contents from KV events through the project's decoder and index."""
 
     listens_to_events = True

@@ -1,9 +1,7 @@
 """KV-event subscriber: one ZMQ SUB per replica and data-parallel rank, feeding a KVIndex.
 
-Wire protocol (vllm-contract.md §5.3): each batch is 3 frames ``(topic, seq 8-byte BE,
-msgpack payload)``; ``seq`` starts at 0 per engine process. The engine's replay ROUTER answers
-a DEALER's ``[b"", start_seq]`` with ``[b"", topic, seq, payload]`` for every buffered batch
-from ``start_seq`` on, then the end marker (seq ``ff..ff``).
+The frames (live batches, replay request and replies) are described and parsed in
+:mod:`litellm_kv.vllm.wire`.
 
 What the subscriber guarantees:
 * **Gaps** (a seq skipped, the slow-joiner loss after connecting) are filled from the replay
@@ -38,7 +36,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -57,10 +54,10 @@ from litellm_kv.vllm.events import (
     to_block_ops,
 )
 from litellm_kv.vllm.exactness import ExactnessChecker, HasherFactory
+from litellm_kv.vllm.wire import WireError, connectable, parse_event_message, request_replay
 
 log = logging.getLogger("litellm_kv")
 
-END_SEQ = b"\xff" * 8
 _LABELS = ("model_group", "replica")
 BATCHES = counter("kv_event_batches", "KV-event batches applied to the index.", _LABELS)
 EVENTS = counter("kv_events", "KV events applied to the index (BlockStored, BlockRemoved, AllBlocksCleared).",
@@ -248,13 +245,14 @@ class KVEventSubscriber:
     # -- live stream ---------------------------------------------------------------------------
 
     async def _on_frames(self, frames: list[bytes]) -> None:
-        if len(frames) != 3 or len(frames[1]) != 8:
-            self._malformed(f"expected 3 frames (topic, seq, payload), got {len(frames)}")
+        try:
+            msg = parse_event_message(frames)
+        except WireError as exc:
+            self._malformed(str(exc))
             return
-        topic, seq_b, payload = frames
-        if self.topic and topic != self.topic.encode():
+        if self.topic and msg.topic != self.topic.encode():
             return  # another topic sharing our prefix
-        await self._on_batch(int.from_bytes(seq_b, "big"), payload, live=True)
+        await self._on_batch(msg.seq, msg.payload, live=True)
 
     async def _on_batch(self, seq: int, payload: bytes, *, live: bool) -> None:
         batch = self._decode(payload)
@@ -331,30 +329,19 @@ class KVEventSubscriber:
         assert self.replay_endpoint
         self._stats.replays += 1
         self._m["replays"].inc()
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        out: list[tuple[int, bytes]] = []
         try:
-            dealer.connect(self.replay_endpoint)
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            timeout_ms = int(self.replay_timeout_s * 1000)
-            while True:
-                if not await dealer.poll(timeout_ms):
-                    raise TimeoutError(f"no replay answer from {self.replay_endpoint} in {self.replay_timeout_s}s")
-                frames = await dealer.recv_multipart()
-                if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
-                    self._malformed(f"replay reply with {len(frames)} frames")
-                    continue
-                if frames[2] == END_SEQ:
-                    return out
-                out.append((int.from_bytes(frames[2], "big"), frames[3]))
-        except (TimeoutError, zmq.ZMQError) as exc:
-            self._stats.replay_failures += 1
-            self._m["replay_failures"].inc()
-            log.warning("litellm-kv: %s/%s: replay from %d failed: %s", self.group, self.replica, start, exc)
-            return None
-        finally:
-            dealer.close(0)
+            replay = await request_replay(
+                self._ctx, self.replay_endpoint, start, timeout_s=self.replay_timeout_s, on_malformed=self._malformed
+            )
+            if replay.complete:
+                return replay.batches
+            why = f"no replay answer from {self.replay_endpoint} in {self.replay_timeout_s}s"
+        except zmq.ZMQError as exc:
+            why = str(exc)
+        self._stats.replay_failures += 1
+        self._m["replay_failures"].inc()
+        log.warning("litellm-kv: %s/%s: replay from %d failed: %s", self.group, self.replica, start, why)
+        return None
 
     # -- applying ------------------------------------------------------------------------------
 
@@ -436,15 +423,6 @@ class ReplicaSubscribers:
     async def stop(self) -> None:
         for s in self.subscribers:
             await s.stop()
-
-
-def connectable(endpoint: str, api_base: str) -> str:
-    """A publisher's bind address (``tcp://*:5557``) as a subscriber can connect to it."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"):
-        if endpoint.startswith(wildcard):
-            host = urlsplit(api_base).hostname or "127.0.0.1"
-            return f"tcp://{host}:{endpoint[len(wildcard):]}"
-    return endpoint
 
 
 def rank_replica_id(replica: str, dp_rank: int) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from litellm_kv.errors import ConfigError
 from litellm_kv.services.indexer.config import load_indexer_config
-from litellm_kv.vllm.subscriber import connectable
+from litellm_kv.vllm.wire import connectable
 from tools.harness.procs import PYTHON, ROOT, ManagedProcess
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 from litellm_kv.routing.cost import CostConfig
 from litellm_kv.simulator import cli_main
 from litellm_kv.simulator.cache import BlockCache
+from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.report import Summary
 from litellm_kv.simulator.runner import ALL, Slo, run_all, run_one
 from litellm_kv.simulator.simulation import SimConfig
-from litellm_kv.simulator.strategies import LitellmKV, Strategy
+from litellm_kv.simulator.strategies import LitellmKV
 from litellm_kv.simulator.workload import agent_fanout, load_mooncake, multi_turn, shared_prefix
 
 TRACE = Path("/work/shared/data/traces/conversation_trace.jsonl")

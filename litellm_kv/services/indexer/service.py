@@ -28,7 +28,7 @@ from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.exactness import ExactnessChecker
 from litellm_kv.vllm.hashing import BlockHasher, predicted_hit_tokens
-from litellm_kv.vllm.subscriber import connectable
+from litellm_kv.vllm.wire import connectable
 
 log = logging.getLogger("litellm_kv.services.indexer")
 

@@ -36,10 +36,9 @@ from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, Red
 from litellm_kv.observability import counter, gauge
 from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.events import AllBlocksCleared, BlockStored, EventDecodeError, decode_event_batch, to_block_ops
+from litellm_kv.vllm.wire import WireError, parse_event_message, request_replay
 
 log = logging.getLogger("litellm_kv.services.indexer")
-
-_END_SEQ = b"\xff" * 8
 
 BATCHES = counter(
     "indexer_batches", "KV-event batches handled, by outcome (applied, duplicate, gap, restart, bad).",
@@ -212,12 +211,13 @@ class EventStream:
     async def _follow(self) -> None:
         assert self._sub is not None
         while True:
-            frames = await self._sub.recv_multipart()
-            if len(frames) != 3:
+            try:
+                msg = parse_event_message(await self._sub.recv_multipart())
+            except WireError:
                 self.stats.bad_payloads += 1
                 continue
-            seq = int.from_bytes(frames[1], "big")
-            res = await self._apply(seq, frames[2])
+            seq = msg.seq
+            res = await self._apply(seq, msg.payload)
             if res is not None and res.status is ApplyStatus.GAP:
                 self.stats.gaps += 1
                 GAPS.labels(*self._labels).inc()
@@ -294,28 +294,13 @@ class EventStream:
         assert self.replay_endpoint is not None
         self.stats.replays += 1
         REPLAYS.labels(*self._labels).inc()
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.replay_endpoint)
-        out: list[tuple[int, bytes]] = []
-        try:
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = time.monotonic() + self.replay_timeout_s
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not await sock.poll(int(left * 1000)):
-                    self.stats.last_error = f"replay from {start} timed out after {len(out)} batches"
-                    log.warning("indexer %s: %s", self.stats.stream, self.stats.last_error)
-                    return out or None
-                frames = await sock.recv_multipart()
-                if len(frames) != 4:
-                    continue
-                if frames[2] == _END_SEQ:
-                    return out
-                out.append((int.from_bytes(frames[2], "big"), frames[3]))
-                deadline = time.monotonic() + self.replay_timeout_s
-        finally:
-            sock.close(linger=0)
+        replay = await request_replay(self.ctx, self.replay_endpoint, start, timeout_s=self.replay_timeout_s)
+        if replay.complete:
+            return replay.batches
+        # Batches that arrived before the engine went quiet are still worth applying.
+        self.stats.last_error = f"replay from {start} timed out after {len(replay.batches)} batches"
+        log.warning("indexer %s: %s", self.stats.stream, self.stats.last_error)
+        return replay.batches or None
 
     def _set_connected(self, up: bool) -> None:
         self.stats.connected = up
