@@ -36,8 +36,8 @@ from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
     POLICY_FIELDS,
     ClientAsk,
-    Decision,
     GroupReasoningSettings,
+    ReasoningDecision,
     ReasoningPolicy,
     apply_decision,
     estimate_tokens,
@@ -108,11 +108,11 @@ class _StreamTally:
     started: float = field(default_factory=time.monotonic)
 
 
-def _decision_of(request_data: Mapping[str, Any]) -> Decision | None:
+def _decision_of(request_data: Mapping[str, Any]) -> ReasoningDecision | None:
     for md in request_metadata_dicts(request_data):
         raw = md.get(DECISION_KEY)
         if isinstance(raw, Mapping):
-            return Decision.from_json(raw)
+            return ReasoningDecision.from_json(raw)
     return None
 
 
@@ -236,9 +236,9 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             "off" if not decision.thinking else ("unlimited" if decision.budget is None else str(decision.budget))
         )
 
-    def _decide(self, policy: ReasoningPolicy, ask: ClientAsk, req: ProxyRequest) -> Decision:
+    def _decide(self, policy: ReasoningPolicy, ask: ClientAsk, req: ProxyRequest) -> ReasoningDecision:
         group = req.model_group
-        decision = Decision(thinking=True, budget=None, show_reasoning=policy.may_see_reasoning)
+        decision = ReasoningDecision(thinking=True, budget=None, show_reasoning=policy.may_see_reasoning)
         if not policy.thinking_allowed:
             source = policy.allowed.source if policy.allowed else "policy"
             if ask.explicit_on and policy.rejects_over_max:
@@ -282,7 +282,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         return decision
 
     async def _check_periods(
-        self, policy: ReasoningPolicy, decision: Decision, req: ProxyRequest, gs: GroupReasoningSettings
+        self, policy: ReasoningPolicy, decision: ReasoningDecision, req: ProxyRequest, gs: GroupReasoningSettings
     ) -> None:
         now = datetime.now(timezone.utc)
         group = req.model_group
@@ -335,7 +335,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         return estimate_tokens(text), "estimate"
 
     async def _settle(
-        self, targets: list[dict[str, Any]], decision: Decision, group: str, usage: Any, text: str
+        self, targets: list[dict[str, Any]], decision: ReasoningDecision, group: str, usage: Any, text: str
     ) -> None:
         """Write reasoning tokens into ``usage``, charge the period budgets, record the breakdown."""
         reported = reported_reasoning_tokens(usage)
