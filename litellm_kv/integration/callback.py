@@ -350,7 +350,7 @@ def _install(handler: LiteLLMKV) -> None:
     try:
         from litellm_kv.integration.admin import register
 
-        register()
+        register(handler)
     except Exception:  # not inside a proxy (tests, scripts)
         log.debug("litellm-kv: admin routes not registered (no proxy app)")
     try:
