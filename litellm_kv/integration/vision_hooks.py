@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 from litellm_kv.config import Settings, doc
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.images import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -50,6 +49,8 @@ from litellm_kv.governance.policy import (
     strictest_min,
 )
 from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
+from litellm_kv.integration import litellm_data
+from litellm_kv.integration.billing import record_breakdown, set_image_tokens
 from litellm_kv.integration.governance import GovernanceHandler
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
@@ -371,8 +372,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def pre_call(self, req: ProxyRequest) -> None:
         data = req.data
         group = req.model_group
-        for md in request_metadata_dicts(data):
-            md.pop(DECISION_KEY, None)  # a client-sent decision is never trusted
+        litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
         gs = self.group_settings(group)
         started = time.perf_counter()
         try:
@@ -512,19 +512,12 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
             # engine honour that ceiling even if the deployment was started with a larger one.
             max_pixels = b.max_pixels
-        if data.get("stream"):
-            opts = data.get("stream_options")
-            data["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        litellm_data.ask_stream_usage(data)
         decision = {
             "model_group": group, "family": gs.family, "tokens": total, "images": [c.to_json() for c in counted],
             "max_pixels": max_pixels, "downscaled_by": downscaled_by, "charges": charges,
         }
-        if not isinstance(data.get("metadata"), dict):
-            data["metadata"] = {}
-        data["metadata"][DECISION_KEY] = decision
-        lm = data.get("litellm_metadata")
-        if isinstance(lm, dict):
-            lm[DECISION_KEY] = decision
+        litellm_data.write_entry(data, DECISION_KEY, decision)
         req.response_headers[HEADER_TOKENS] = str(total)
         COUNT_SECONDS.labels(group).observe(time.perf_counter() - started)
 
@@ -593,7 +586,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         decision = _decision_of(request_data)
-        usage = usage_of(response)
+        usage = litellm_data.usage_of(response)
         if decision is not None and usage is not None:
             await self._charge(decision, self._apply([request_data], decision, usage))
 
@@ -614,7 +607,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         targets: list[Mapping[str, Any]] = [data]
         if isinstance(details, Mapping):
             targets.append(details)
-        call_id = str(data.get("litellm_call_id") or (details or {}).get("litellm_call_id") or id(data))
+        call_id = litellm_data.call_id(data) or litellm_data.call_id(details or {}) or str(id(data))
 
         def on_usage(usage: Any) -> None:
             if not self._first_settle(call_id):
@@ -631,10 +624,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
         # client asked for include_usage on some paths): settle once.
         decision = _decision_of(request_data)
-        usage = usage_of(chunk)
-        if decision is None or usage is None or not int(_get(usage, "prompt_tokens") or 0):
+        usage = litellm_data.usage_of(chunk)
+        if decision is None or usage is None or not int(litellm_data.field(usage, "prompt_tokens") or 0):
             return
-        call_id = str(request_data.get("litellm_call_id") or id(request_data))
+        call_id = litellm_data.call_id(request_data) or str(id(request_data))
         if self._first_settle(call_id):
             await self._charge(decision, self._apply([request_data], decision, usage))
 
@@ -661,7 +654,7 @@ class _UsageWatch(list):  # type: ignore[type-arg]
 
     def append(self, item: Any) -> None:
         usage = getattr(item, "usage", None)
-        if usage is not None and int(_get(usage, "prompt_tokens") or 0):
+        if usage is not None and int(litellm_data.field(usage, "prompt_tokens") or 0):
             try:
                 self._on_usage(usage)
             except Exception:  # never break the stream over billing
@@ -669,16 +662,10 @@ class _UsageWatch(list):  # type: ignore[type-arg]
         super().append(item)
 
 
-def _get(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
 def _engine_image_tokens(usage: Any) -> int | None:
     """vLLM's ``prompt_tokens_details.multimodal_tokens`` ({"image": n} in vLLM 0.32; a bare int elsewhere)."""
-    details = _get(usage, "prompt_tokens_details")
-    mm = _get(details, "multimodal_tokens")
+    details = litellm_data.field(usage, "prompt_tokens_details")
+    mm = litellm_data.field(details, "multimodal_tokens")
     if isinstance(mm, Mapping):
         value = mm.get("image")
         return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
@@ -691,8 +678,4 @@ def _engine_image_tokens(usage: Any) -> int | None:
 
 
 def _decision_of(request_data: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for md in request_metadata_dicts(request_data):
-        raw = md.get(DECISION_KEY)
-        if isinstance(raw, Mapping):
-            return raw
-    return None
+    return litellm_data.read_entry(request_data, DECISION_KEY)
