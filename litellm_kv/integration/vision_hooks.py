@@ -22,33 +22,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_kv.config import Settings, doc
+from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
-from litellm_kv.governance.images import (
-    DEFAULT_MAX_IMAGE_BYTES,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageBounds,
-    ImageError,
-    ImagePart,
-    find_media,
-    image_info,
-    measure,
+from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
+from litellm_kv.governance.policy import Limit, PolicyLayer
+from litellm_kv.governance.vision import ENGINE_RESIZABLE
+from litellm_kv.governance.vision_policy import (
+    POLICY_FIELDS,
+    Counted,
+    GroupVisionSettings,
+    PixelBounds,
+    VisionPolicy,
+    ceiling_tokens,
+    engine_bounds,
+    fit_max_pixels,
+    image_tokens,
+    recount,
+    resolve_policy,
 )
-from litellm_kv.governance.policy import (
-    Limit,
-    PeriodLimit,
-    PolicyLayer,
-    period_limits,
-    strictest_choice,
-    strictest_min,
-)
-from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
 from litellm_kv.integration.governance import GovernanceHandler
@@ -62,21 +58,6 @@ METER = "visual_tokens"
 DECISION_KEY = "litellm_kv_vision"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
-
-#: Fields of the policy object (key metadata, team metadata, or the group's config section).
-POLICY_FIELDS = (
-    "max_images_per_request",
-    "max_visual_tokens_per_request",
-    "max_pixels_per_image",
-    "tokens_per_day",
-    "tokens_per_week",
-    "tokens_per_month",
-    "over_limit",
-)
-PERIOD_FIELDS: dict[Period, str] = {
-    Period.DAY: "tokens_per_day", Period.WEEK: "tokens_per_week", Period.MONTH: "tokens_per_month",
-}
-OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
 
 IMAGES = counter("vision_images", "Images seen in requests, by model group and kind.", ["model_group", "kind"])
 TOKENS_CHARGED = counter(
@@ -100,122 +81,6 @@ COUNT_SECONDS = histogram(
     "vision_count_seconds", "Time to find, measure and count the images of one request.", ["model_group"],
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
 )
-
-
-@dataclass(slots=True)
-class FetchSettings:
-    """Optional fetching of remote images to read their size (off unless hosts are listed)."""
-
-    allow_hosts: list[str] = doc(
-        "Exact host names whose images may be fetched to measure them; empty = never fetch.", default_factory=list
-    )
-    timeout_s: float = doc("Total time allowed per fetch; on timeout the ceiling is counted.", default=2.0)
-    max_bytes: int = doc("Largest image fetched; bigger answers are a 400 (image.too_large).", default=5 * 2**20)
-
-
-@dataclass(slots=True)
-class GroupVisionSettings:
-    """Model-group settings of the vision section (beside the policy fields)."""
-
-    family: str = doc(f"Visual-token formula of the group's model: one of {list(FAMILIES)}.", default="qwen2_5_vl")
-    min_pixels: int | None = doc(
-        "The engine's min_pixels (Qwen families) when the deployment overrides the model default.", default=None
-    )
-    max_pixels: int | None = doc(
-        "The engine's max_pixels (Qwen families) when the deployment overrides the model default; also the "
-        "ceiling at which unfetched remote images are counted.", default=None,
-    )
-    detail: str | None = doc("Default detail level (openai/anthropic/gemini) when the request gives none.",
-                             default=None)
-    tokens_per_image: int | None = doc("Tokens per image for family 'fixed'.", default=None)
-    remote_image_tokens: int | None = doc(
-        "Tokens counted for an unfetched remote image when the family has no ceiling (gemini tiles).", default=None
-    )
-    max_image_bytes: int = doc("Largest decoded image payload accepted (400 image.too_large).",
-                               default=DEFAULT_MAX_IMAGE_BYTES)
-    max_image_pixels: int = doc(
-        "Largest width x height an image header may declare (400 image.too_many_pixels; decompression bombs).",
-        default=DEFAULT_MAX_IMAGE_PIXELS,
-    )
-    videos: Literal["reject", "allow"] = doc(
-        "Video parts: 'reject' (400 vision.videos) or 'allow' (passed through, not counted).", default="reject"
-    )
-    engine_resize: bool = doc(
-        "Whether vLLM deployments (hosted_vllm/) get mm_processor_kwargs.max_pixels when downscaling.",
-        default=True,
-    )
-    prompt_includes_images: bool = doc(
-        "Whether the engine's prompt_tokens already include visual tokens (vLLM: yes). If false, they are added.",
-        default=True,
-    )
-    invalid_metadata: Literal["reject", "ignore"] = doc(
-        "Malformed vision metadata on a key/team: 'reject' (400 naming the field) or 'ignore' (log, use config).",
-        default="reject",
-    )
-    fetch: FetchSettings = doc("Optional fetching of remote images.", default_factory=FetchSettings)
-
-    def validate(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
-        if self.family == "fixed" and self.tokens_per_image is None:
-            raise ValueError("family 'fixed' needs tokens_per_image")
-
-
-GROUP_FIELDS = tuple(GroupVisionSettings.__dataclass_fields__)
-
-
-@dataclass(frozen=True, slots=True)
-class VisionPolicy:
-    max_images: Limit[int] | None = None
-    max_tokens: Limit[int] | None = None
-    max_pixels: Limit[int] | None = None
-    over_limit: Limit[str] | None = None
-    periods: tuple[PeriodLimit, ...] = ()
-
-    @property
-    def downscale(self) -> bool:
-        return self.over_limit is not None and self.over_limit.value == "downscale"
-
-
-def resolve_policy(
-    key: PolicyLayer, team: PolicyLayer | None, config: PolicyLayer, *, key_scope: str, team_scope: str | None
-) -> VisionPolicy:
-    """Strictest of key, team and config for each limit; ``over_limit`` defaults to reject."""
-    layers = [lay for lay in (key, team, config) if lay is not None]
-    for lay in layers:
-        lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
-    periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
-    return VisionPolicy(
-        max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
-        max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
-        max_pixels=strictest_min(*(lay.int_field("max_pixels_per_image", minimum=1) for lay in layers)),
-        over_limit=strictest_choice(
-            OVER_LIMIT_ORDER, *(lay.choice_field("over_limit", OVER_LIMIT_ORDER) for lay in layers)
-        ),
-        periods=tuple(periods),
-    )
-
-
-@dataclass(slots=True)
-class Counted:
-    """One image as counted before the call."""
-
-    where: str
-    tokens: int
-    width: int | None = None  # None: remote image of unknown size (counted at the ceiling)
-    height: int | None = None
-    how: str = "header"  # header | fetched | ceiling
-    detail: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"where": self.where, "tokens": self.tokens, "width": self.width, "height": self.height,
-                "how": self.how}
-
-
-@dataclass(slots=True)
-class _Bounds:
-    min_pixels: int | None
-    max_pixels: int | None
 
 
 class VisionHandler(GovernanceHandler[GroupVisionSettings]):
@@ -242,43 +107,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             log.warning("litellm-kv: ignoring malformed vision metadata of %s", req.caller.key_label, exc_info=True)
             empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
             return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)
-
-    def _bounds(self, data: Mapping[str, Any], gs: GroupVisionSettings) -> _Bounds:
-        """The pixel bounds the engine will use: the group's, or the client's own mm_processor_kwargs."""
-        lo, hi = gs.min_pixels, gs.max_pixels
-        client = data.get("mm_processor_kwargs")
-        if gs.family in ENGINE_RESIZABLE and isinstance(client, Mapping):
-            # The engine honours the client's values, so count with them (a client cannot hide tokens).
-            for name in ("min_pixels", "max_pixels"):
-                v = client.get(name)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                    raise PolicyViolation(400, f"mm_processor_kwargs.{name} must be a positive integer, got {v!r}",
-                                          limit_name=f"vision.mm_processor_kwargs.{name}", value=v,
-                                          source="request")
-            lo = client.get("min_pixels", lo)
-            hi = client.get("max_pixels", hi)
-        return _Bounds(lo, hi)
-
-    def _tokens(self, gs: GroupVisionSettings, w: int, h: int, detail: str | None, b: _Bounds,
-                where: str) -> int:
-        try:
-            return visual_tokens(gs.family, w, h, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
-                                 detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
-        except ValueError as exc:
-            raise ImageError.of("corrupt", where, f"{w}x{h} image cannot be used with {gs.family}: {exc}") from None
-
-    def _ceiling(self, gs: GroupVisionSettings, detail: str | None, b: _Bounds, where: str) -> int:
-        top = max_visual_tokens(gs.family, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
-                                detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
-        if top is None:
-            top = gs.remote_image_tokens
-        if top is None:
-            raise ImageError.of(
-                "invalid_url", where,
-                f"remote image URLs cannot be counted for family {gs.family} (no size ceiling); send the image "
-                "inline as a data: URL, or set remote_image_tokens in the group's vision config",
-            )
-        return top
 
     async def _fetch_size(
         self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
@@ -309,59 +137,25 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return info.width, info.height
 
     async def _count(
-        self, images: list[ImagePart], gs: GroupVisionSettings, b: _Bounds
+        self, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
     ) -> list[Counted]:
         limits = ImageBounds(max_bytes=gs.max_image_bytes, max_pixels=gs.max_image_pixels)
         out: list[Counted] = []
         for part in images:
             if part.inline:
                 info = measure(part, limits)
-                out.append(Counted(part.where, self._tokens(gs, info.width, info.height, part.detail, b, part.where),
+                out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
                                    info.width, info.height, "header", part.detail))
                 continue
             size = await self._fetch_size(part, gs, limits)
             if size is not None:
                 w, h = size
-                out.append(Counted(part.where, self._tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
+                out.append(Counted(part.where, image_tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
                                    part.detail))
             else:
-                out.append(Counted(part.where, self._ceiling(gs, part.detail, b, part.where), None, None, "ceiling",
+                out.append(Counted(part.where, ceiling_tokens(gs, part.detail, b, part.where), None, None, "ceiling",
                                    part.detail))
         return out
-
-    def _total_at(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, max_pixels: int) -> int:
-        at = _Bounds(b.min_pixels, max_pixels)
-        total = 0
-        for c in counted:
-            if c.width is None or c.height is None:
-                total += self._ceiling(gs, c.detail, at, c.where)
-            else:
-                total += self._tokens(gs, c.width, c.height, c.detail, at, c.where)
-        return total
-
-    def _fit_max_pixels(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, cap_tokens: int | None,
-                        cap_pixels: int | None) -> int | None:
-        """Largest max_pixels whose token total fits ``cap_tokens`` (and ≤ ``cap_pixels``), or None if none does."""
-        grid = QWEN_GRIDS[gs.family]
-        lo = b.min_pixels if b.min_pixels is not None else grid.min_pixels
-        hi = b.max_pixels if b.max_pixels is not None else grid.max_pixels
-        if cap_pixels is not None:
-            hi = min(hi, cap_pixels)
-        lo = max(lo, grid.factor * grid.factor)
-        if hi < lo:
-            return None
-        if cap_tokens is None or self._total_at(counted, gs, b, hi) <= cap_tokens:
-            return hi
-        if self._total_at(counted, gs, b, lo) > cap_tokens:
-            return None
-        # Token totals grow with max_pixels: bisect for the largest value that fits.
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._total_at(counted, gs, b, mid) <= cap_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
     def _reject(self, req: ProxyRequest, status: int, limit_name: str, message: str, limit: object, value: object,
                 source: str, headers: dict[str, str] | None = None) -> PolicyViolation:
@@ -397,7 +191,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 f"Request has {len(images)} images; the limit is {lim.value} images per request for {who} on "
                 f"model '{group}' (set in {lim.source}).", lim.value, len(images), lim.source,
             )
-        b = self._bounds(data, gs)
+        b = engine_bounds(data, gs)
         try:
             counted = await self._count(images, gs, b)
         except ImageError as exc:
@@ -481,7 +275,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                     f"exceeds {what} on model '{group}' (set in {lim.source}){why_not}.", cap, total, lim.source,
                     headers,
                 )
-            fit = self._fit_max_pixels(counted, gs, b, tightest[0] if tightest else None,
+            fit = fit_max_pixels(counted, gs, b, tightest[0] if tightest else None,
                                        cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
             if fit is None:
                 assert tightest is not None
@@ -501,11 +295,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 sources.append(f"{tightest[1].removeprefix('vision.')} ({tightest[2].source})")
                 DOWNSCALED.labels(group, tightest[1]).inc()
             downscaled_by = "; ".join(sources)
-            at = _Bounds(b.min_pixels, fit)
-            for c in counted:
-                c.tokens = (self._ceiling(gs, c.detail, at, c.where) if c.width is None or c.height is None
-                            else self._tokens(gs, c.width, c.height, c.detail, at, c.where))
-            total = sum(c.tokens for c in counted)
+            total = recount(counted, gs, b, fit)
             req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
 
         if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
