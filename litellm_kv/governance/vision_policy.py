@@ -160,6 +160,23 @@ class PixelBounds:
     max_pixels: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenCap:
+    """One limit on the request's visual tokens: per request, or what is left of a period budget."""
+
+    tokens: int  # the most the request may use under this limit
+    limit_name: str
+    limit: Limit[int]
+    status: int  # 400 for a per-request limit, 429 for a period budget
+    headers: Mapping[str, str]
+    what: str  # how a refusal names the limit
+
+    @classmethod
+    def per_request(cls, limit: Limit[int], who: str) -> TokenCap:
+        return cls(limit.value, "vision.max_visual_tokens_per_request", limit, 400, {},
+                   f"the limit of {limit.value} visual tokens per request for {who}")
+
+
 def engine_bounds(data: Mapping[str, Any], gs: GroupVisionSettings) -> PixelBounds:
     """The pixel bounds the engine will use: the group's, or the client's own ``mm_processor_kwargs``."""
     lo, hi = gs.min_pixels, gs.max_pixels

@@ -30,13 +30,14 @@ from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
-from litellm_kv.governance.policy import Limit, PolicyLayer
+from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.vision import ENGINE_RESIZABLE
 from litellm_kv.governance.vision_policy import (
     POLICY_FIELDS,
     Counted,
     GroupVisionSettings,
     PixelBounds,
+    TokenCap,
     VisionPolicy,
     ceiling_tokens,
     engine_bounds,
@@ -164,13 +165,45 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                headers=headers or {})
 
     async def pre_call(self, req: ProxyRequest) -> None:
-        data = req.data
-        group = req.model_group
-        litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
-        gs = self.group_settings(group)
+        litellm_data.drop_entry(req.data, DECISION_KEY)  # a client-sent decision is never trusted
+        gs = self.group_settings(req.model_group)
         started = time.perf_counter()
+        images = self._find_images(req, gs)
+        if not images:
+            return
+        policy = self._policy(req, gs)
+        self._check_image_count(req, policy, len(images))
+        b = engine_bounds(req.data, gs)
+        counted = await self._measure(req, images, gs, b)
+        resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
+        downscale = policy.downscale and resizable
+        why_not = "" if resizable else (
+            f" (downscaling needs a vLLM deployment of a Qwen-VL family; this is {gs.family})"
+        )
+        need_pixel_cap = self._check_pixels(req, policy, counted, resizable, downscale, why_not)
+        caps, charges = await self._token_caps(req, policy)
+        max_pixels, downscaled_by, total = self._plan(
+            req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
+        )
+        if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
+            # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
+            # engine honour that ceiling even if the deployment was started with a larger one.
+            max_pixels = b.max_pixels
+        litellm_data.ask_stream_usage(req.data)
+        decision = {
+            "model_group": req.model_group, "family": gs.family, "tokens": total,
+            "images": [c.to_json() for c in counted], "max_pixels": max_pixels, "downscaled_by": downscaled_by,
+            "charges": charges,
+        }
+        litellm_data.write_entry(req.data, DECISION_KEY, decision)
+        req.response_headers[HEADER_TOKENS] = str(total)
+        COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
+
+    def _find_images(self, req: ProxyRequest, gs: GroupVisionSettings) -> list[ImagePart]:
+        """The request's images; its videos are refused unless the group allows them."""
+        group = req.model_group
         try:
-            images, videos = find_media(data)
+            images, videos = find_media(req.data)
         except ImageError as exc:
             REJECTED.labels(group, exc.limit_name).inc()
             raise
@@ -180,64 +213,71 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 f"{videos[0].where}: video input is not accepted on model '{group}' (vision.videos=reject in "
                 f"config model_groups.{group}.vision)", "reject", len(videos), f"config model_groups.{group}.vision",
             )
-        if not images:
-            return
-        policy = self._policy(req, gs)
-        who = req.caller.key_label
-        if policy.max_images is not None and len(images) > policy.max_images.value:
-            lim = policy.max_images
+        return images
+
+    def _check_image_count(self, req: ProxyRequest, policy: VisionPolicy, images: int) -> None:
+        lim = policy.max_images
+        if lim is not None and images > lim.value:
             raise self._reject(
                 req, 400, "vision.max_images_per_request",
-                f"Request has {len(images)} images; the limit is {lim.value} images per request for {who} on "
-                f"model '{group}' (set in {lim.source}).", lim.value, len(images), lim.source,
+                f"Request has {images} images; the limit is {lim.value} images per request for "
+                f"{req.caller.key_label} on model '{req.model_group}' (set in {lim.source}).",
+                lim.value, images, lim.source,
             )
-        b = engine_bounds(data, gs)
+
+    async def _measure(
+        self, req: ProxyRequest, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
+    ) -> list[Counted]:
         try:
             counted = await self._count(images, gs, b)
         except ImageError as exc:
-            REJECTED.labels(group, exc.limit_name).inc()
+            REJECTED.labels(req.model_group, exc.limit_name).inc()
             raise
         for c in counted:
-            IMAGES.labels(group, c.how).inc()
-        total = sum(c.tokens for c in counted)
-        resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
-        downscale = policy.downscale and resizable
-        why_not = "" if resizable else (
-            f" (downscaling needs a vLLM deployment of a Qwen-VL family; this is {gs.family})"
-        )
+            IMAGES.labels(req.model_group, c.how).inc()
+        return counted
 
-        # Limits that downscaling can satisfy: pixels per image, tokens per request, period remainders.
-        cap_pixels: Limit[int] | None = policy.max_pixels
+    def _check_pixels(self, req: ProxyRequest, policy: VisionPolicy, counted: list[Counted], resizable: bool,
+                      downscale: bool, why_not: str) -> bool:
+        """Refuse images over ``max_pixels_per_image`` that cannot be downscaled; True when the engine
+        must be capped to satisfy it."""
+        cap_pixels = policy.max_pixels
+        if cap_pixels is None:
+            return False
+        who, group = req.caller.key_label, req.model_group
         need_pixel_cap = False
-        if cap_pixels is not None:
-            for c in counted:
-                if c.width is None or c.height is None:
-                    if resizable:
-                        need_pixel_cap = True  # unknown size: let the engine guarantee the cap
-                        continue
+        for c in counted:
+            if c.width is None or c.height is None:
+                if resizable:
+                    need_pixel_cap = True  # unknown size: let the engine guarantee the cap
+                    continue
+                raise self._reject(
+                    req, 400, "vision.max_pixels_per_image",
+                    f"{c.where}: the size of a remote image cannot be checked against the limit of "
+                    f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
+                    f"{cap_pixels.source}); send it inline.", cap_pixels.value, None, cap_pixels.source,
+                )
+            pixels = c.width * c.height
+            if pixels > cap_pixels.value:
+                if not downscale:
                     raise self._reject(
                         req, 400, "vision.max_pixels_per_image",
-                        f"{c.where}: the size of a remote image cannot be checked against the limit of "
+                        f"{c.where}: image of {c.width}x{c.height} = {pixels} pixels exceeds the limit of "
                         f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
-                        f"{cap_pixels.source}); send it inline.", cap_pixels.value, None, cap_pixels.source,
+                        f"{cap_pixels.source}){why_not}.", cap_pixels.value, pixels, cap_pixels.source,
                     )
-                pixels = c.width * c.height
-                if pixels > cap_pixels.value:
-                    if not downscale:
-                        raise self._reject(
-                            req, 400, "vision.max_pixels_per_image",
-                            f"{c.where}: image of {c.width}x{c.height} = {pixels} pixels exceeds the limit of "
-                            f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
-                            f"{cap_pixels.source}){why_not}.", cap_pixels.value, pixels, cap_pixels.source,
-                        )
-                    need_pixel_cap = True
+                need_pixel_cap = True
+        return need_pixel_cap
 
+    async def _token_caps(
+        self, req: ProxyRequest, policy: VisionPolicy
+    ) -> tuple[list[TokenCap], list[dict[str, Any]]]:
+        """The per-request token limit and what is left of each period budget (429 when one is spent),
+        and the budgets to charge after the call."""
         now = datetime.now(timezone.utc)
-        token_caps: list[tuple[int, str, Limit[int], int, dict[str, str], str]] = []
+        caps: list[TokenCap] = []
         if policy.max_tokens is not None:
-            lim = policy.max_tokens
-            token_caps.append((lim.value, "vision.max_visual_tokens_per_request", lim, 400, {},
-                               f"the limit of {lim.value} visual tokens per request for {who}"))
+            caps.append(TokenCap.per_request(policy.max_tokens, req.caller.key_label))
         charges: list[dict[str, Any]] = []
         for pl in policy.periods:
             charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
@@ -254,62 +294,57 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 raise self._reject(
                     req, 429, f"vision.tokens_per_{pl.period.value}",
                     f"Visual-token budget spent: {pl.scope_label} has used {state.used} of {state.limit} visual "
-                    f"tokens this {pl.period.value} on model '{group}' (limit set in {pl.limit.source}). It resets "
-                    f"at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
+                    f"tokens this {pl.period.value} on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"It resets at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
                 )
-            token_caps.append((state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
-                               f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
-                               f"{pl.scope_label} (resets {reset})"))
+            caps.append(TokenCap(state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
+                                 f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
+                                 f"{pl.scope_label} (resets {reset})"))
+        return caps, charges
 
-        max_pixels: int | None = None
-        downscaled_by: str | None = None
-        tightest = min(token_caps, key=lambda t: t[0]) if token_caps else None
-        over_tokens = tightest is not None and total > tightest[0]
-        if over_tokens or need_pixel_cap:
-            if over_tokens and not downscale:
-                assert tightest is not None
-                cap, name, lim, status, headers, what = tightest
-                raise self._reject(
-                    req, status, name,
-                    f"Request needs {total} visual tokens ({len(counted)} images, counted for {gs.family}); that "
-                    f"exceeds {what} on model '{group}' (set in {lim.source}){why_not}.", cap, total, lim.source,
-                    headers,
-                )
-            fit = fit_max_pixels(counted, gs, b, tightest[0] if tightest else None,
-                                       cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
-            if fit is None:
-                assert tightest is not None
-                cap, name, lim, status, headers, what = tightest
-                raise self._reject(
-                    req, status, name,
-                    f"Request needs {total} visual tokens ({len(counted)} images) and cannot be downscaled within "
-                    f"{what} on model '{group}' (set in {lim.source}): even at the processor's minimum size it "
-                    "needs more.", cap, total, lim.source, headers,
-                )
-            max_pixels = fit
-            sources = []
-            if need_pixel_cap and cap_pixels is not None:
-                sources.append(f"max_pixels_per_image ({cap_pixels.source})")
-                DOWNSCALED.labels(group, "vision.max_pixels_per_image").inc()
-            if over_tokens and tightest is not None:
-                sources.append(f"{tightest[1].removeprefix('vision.')} ({tightest[2].source})")
-                DOWNSCALED.labels(group, tightest[1]).inc()
-            downscaled_by = "; ".join(sources)
-            total = recount(counted, gs, b, fit)
-            req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
+    def _plan(
+        self, req: ProxyRequest, gs: GroupVisionSettings, policy: VisionPolicy, counted: list[Counted],
+        b: PixelBounds, caps: list[TokenCap], *, need_pixel_cap: bool, downscale: bool, why_not: str,
+    ) -> tuple[int | None, str | None, int]:
+        """Refuse a request over its tightest token cap, or pick the engine's ``max_pixels`` that fits every
+        limit: (max_pixels or None, what it was lowered for, the visual tokens at that size)."""
+        group = req.model_group
+        total = sum(c.tokens for c in counted)
+        tightest = min(caps, key=lambda cap: cap.tokens) if caps else None
+        over_tokens = tightest is not None and total > tightest.tokens
+        if not (over_tokens or need_pixel_cap):
+            return None, None, total
+        if over_tokens and not downscale:
+            assert tightest is not None
+            raise self._reject(
+                req, tightest.status, tightest.limit_name,
+                f"Request needs {total} visual tokens ({len(counted)} images, counted for {gs.family}); that "
+                f"exceeds {tightest.what} on model '{group}' (set in {tightest.limit.source}){why_not}.",
+                tightest.tokens, total, tightest.limit.source, dict(tightest.headers),
+            )
+        cap_pixels = policy.max_pixels
+        fit = fit_max_pixels(counted, gs, b, tightest.tokens if tightest else None,
+                             cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
+        if fit is None:
+            assert tightest is not None
+            raise self._reject(
+                req, tightest.status, tightest.limit_name,
+                f"Request needs {total} visual tokens ({len(counted)} images) and cannot be downscaled within "
+                f"{tightest.what} on model '{group}' (set in {tightest.limit.source}): even at the processor's "
+                "minimum size it needs more.", tightest.tokens, total, tightest.limit.source, dict(tightest.headers),
+            )
+        sources = []
+        if need_pixel_cap and cap_pixels is not None:
+            sources.append(f"max_pixels_per_image ({cap_pixels.source})")
+            DOWNSCALED.labels(group, "vision.max_pixels_per_image").inc()
+        if over_tokens and tightest is not None:
+            sources.append(f"{tightest.limit_name.removeprefix('vision.')} ({tightest.limit.source})")
+            DOWNSCALED.labels(group, tightest.limit_name).inc()
+        downscaled_by = "; ".join(sources)
+        total = recount(counted, gs, b, fit)
+        req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
+        return fit, downscaled_by, total
 
-        if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
-            # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
-            # engine honour that ceiling even if the deployment was started with a larger one.
-            max_pixels = b.max_pixels
-        litellm_data.ask_stream_usage(data)
-        decision = {
-            "model_group": group, "family": gs.family, "tokens": total, "images": [c.to_json() for c in counted],
-            "max_pixels": max_pixels, "downscaled_by": downscaled_by, "charges": charges,
-        }
-        litellm_data.write_entry(data, DECISION_KEY, decision)
-        req.response_headers[HEADER_TOKENS] = str(total)
-        COUNT_SECONDS.labels(group).observe(time.perf_counter() - started)
 
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
         decision = _decision_of(kwargs)
