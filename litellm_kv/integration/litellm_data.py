@@ -53,6 +53,13 @@ def model_group(data: Mapping[str, Any]) -> str:
     return str(data.get("model") or "")
 
 
+def is_vllm_deployment(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a deployment-level call goes to a vLLM server (``hosted_vllm/`` model or provider)."""
+    model = str(kwargs.get("model") or "")
+    provider = str(kwargs.get("custom_llm_provider") or "")
+    return model.startswith("hosted_vllm/") or provider == "hosted_vllm"
+
+
 def call_id(data: Mapping[str, Any]) -> str | None:
     """LiteLLM's id of one call (``litellm_call_id``), the same in every hook of that call."""
     value = data.get("litellm_call_id")
@@ -121,6 +128,16 @@ def response_headers_of(data: Mapping[str, Any], key: str) -> dict[str, str]:
     if md and isinstance(md.get(key), dict):
         return dict(md[key])
     return {}
+
+
+def logged_call_targets(kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dicts of a logged call (``async_log_success_event``) whose metadata the spend log is built
+    from: the call's kwargs and, when present, its ``standard_logging_object``."""
+    targets = [kwargs]
+    slo = kwargs.get("standard_logging_object")
+    if isinstance(slo, dict):
+        targets.append(slo)
+    return targets
 
 
 def ask_stream_usage(data: dict[str, Any]) -> None:

@@ -397,10 +397,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         text = "".join(tally.text) if tally is not None else "".join(
             _reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)
         )
-        targets: list[dict[str, Any]] = [kwargs]
-        slo = kwargs.get("standard_logging_object")
-        if isinstance(slo, dict):
-            targets.append(slo)  # what the spend-log writer reads
+        targets = litellm_data.logged_call_targets(kwargs)
         await self._settle(targets, decision, group, usage if usage is not None else {}, text)
 
     def _forget_stale_streams(self) -> None:

@@ -345,14 +345,11 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
         return fit, downscaled_by, total
 
-
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
         decision = _decision_of(kwargs)
         if decision is None or decision.get("max_pixels") is None:
             return
-        model = str(kwargs.get("model") or "")
-        provider = str(kwargs.get("custom_llm_provider") or "")
-        if not (model.startswith("hosted_vllm/") or provider == "hosted_vllm"):
+        if not litellm_data.is_vllm_deployment(kwargs):
             # Only vLLM resizes on request; other providers would reject an unknown field.
             return
         mm = kwargs.get("mm_processor_kwargs")
