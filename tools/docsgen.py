@@ -46,8 +46,8 @@ PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.routing.siblings.SiblingConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.siblings"),
     "litellm_kv.routing.affinity.options.AffinityOptions": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
     "litellm_kv.governance.reasoning.GroupReasoningSettings": ("proxy", "litellm_kv.model_groups.<group>.reasoning"),
-    "litellm_kv.integration.vision_hooks.GroupVisionSettings": ("proxy", "litellm_kv.model_groups.<group>.vision"),
-    "litellm_kv.integration.vision_hooks.FetchSettings": ("proxy", "litellm_kv.model_groups.<group>.vision.fetch"),
+    "litellm_kv.governance.vision_policy.GroupVisionSettings": ("proxy", "litellm_kv.model_groups.<group>.vision"),
+    "litellm_kv.governance.vision_policy.FetchSettings": ("proxy", "litellm_kv.model_groups.<group>.vision.fetch"),
     # The indexer file has no top-level key; its errors name options "indexer.<path>", as here.
     "litellm_kv.services.indexer.config.IndexerConfig": ("indexer", "indexer"),
     "litellm_kv.services.indexer.config.GroupConfig": ("indexer", "indexer.model_groups.<group>"),
@@ -79,10 +79,10 @@ DOCUMENTS: dict[str, tuple[str, str]] = {
 # entry makes the generator fail.
 POLICY_MODULES: dict[str, str] = {
     "litellm_kv.governance.reasoning": "litellm_kv.model_groups.<group>.reasoning",
-    "litellm_kv.integration.vision_hooks": "litellm_kv.model_groups.<group>.vision",
+    "litellm_kv.governance.vision_policy": "litellm_kv.model_groups.<group>.vision",
 }
 _REASONING = "litellm_kv.governance.reasoning"
-_VISION = "litellm_kv.integration.vision_hooks"
+_VISION = "litellm_kv.governance.vision_policy"
 POLICY_DOCS: dict[tuple[str, str], tuple[str, str]] = {
     # (module, field): (default, meaning)
     (_REASONING, "allowed"): ("true", "May the caller think at all. Strictest wins: false anywhere → off."),

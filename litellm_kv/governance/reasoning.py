@@ -295,7 +295,7 @@ def strip_client_reasoning(data: MutableMapping[str, Any], template_kwarg: str) 
 
 
 @dataclass(slots=True)
-class Decision:
+class ReasoningDecision:
     """What litellm-kv decided for one request (stored in the request metadata for later hooks)."""
 
     thinking: bool
@@ -318,7 +318,7 @@ class Decision:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> Decision:
+    def from_json(cls, raw: Mapping[str, Any]) -> ReasoningDecision:
         return cls(
             thinking=bool(raw.get("thinking")),
             budget=raw.get("budget"),
@@ -344,7 +344,7 @@ def _max_tokens_field(data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def apply_decision(data: MutableMapping[str, Any], decision: Decision, group: GroupReasoningSettings) -> None:
+def apply_decision(data: MutableMapping[str, Any], decision: ReasoningDecision, group: GroupReasoningSettings) -> None:
     """Write the decided reasoning into the request in the group's provider style.
 
     Assumes :func:`strip_client_reasoning` ran first. For vLLM, ``thinking_token_budget`` and

@@ -14,16 +14,34 @@ All need a proxy admin key (``Authorization: Bearer <master key>`` or an admin v
 # strings it cannot resolve names imported inside register() (POST /route then answered 422, taking its
 # ``request: Request`` parameter for a query field).
 import logging
-from typing import Any
+from typing import Any, Protocol
+
+from litellm_kv.integration.hooks import Handler
 
 log = logging.getLogger("litellm_kv")
 _registered = False
 
 
-def register(kv_handler: Any = None) -> None:
-    """Add the routes to ``litellm.proxy.proxy_server.app`` (once)."""
+class HandlerSet(Protocol):
+    """What the routes read from the callback: its feature handlers, once started."""
+
+    @property
+    def handlers(self) -> list[Handler]: ...
+
+    def handler(self, name: str) -> Handler | None: ...
+
+    async def ensure_started(self) -> None: ...
+
+
+def register(callback: HandlerSet | Handler) -> None:
+    """Add the routes to ``litellm.proxy.proxy_server.app`` (once), serving ``callback``'s handlers.
+
+    The callback passes itself, so this module never imports it. A single handler (the KV routing
+    handler still registers from its own start-up) cannot answer for the others: that call only
+    returns, the callback having registered the routes when it was loaded.
+    """
     global _registered
-    if _registered:
+    if _registered or isinstance(callback, Handler):
         return
     from fastapi import APIRouter, Depends, HTTPException, Request, Response
     from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
@@ -38,19 +56,15 @@ def register(kv_handler: Any = None) -> None:
             raise HTTPException(status_code=403, detail="litellm-kv admin routes need a proxy admin key")
 
     async def _kv() -> Any:
-        from litellm_kv.integration.callback import proxy_handler
-
-        await proxy_handler.ensure_started()
-        return proxy_handler.handler("kv")
+        await callback.ensure_started()
+        return callback.handler("kv")
 
     @router.get("/health")
     async def health(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
         _admin(auth)
         kv = await _kv()
-        from litellm_kv.integration.callback import proxy_handler
-
         return {
-            "handlers": [h.name for h in proxy_handler.handlers],
+            "handlers": [h.name for h in callback.handlers],
             "routing": kv.health() if kv is not None else None,
         }
 

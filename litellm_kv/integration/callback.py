@@ -18,7 +18,7 @@ import importlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -26,7 +26,8 @@ from litellm.proxy._types import ProxyException
 
 from litellm_kv.config import Settings, load_settings
 from litellm_kv.errors import ConfigError, PolicyViolation
-from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
+from litellm_kv.integration import litellm_data
+from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
 
 log = logging.getLogger("litellm_kv")
@@ -37,6 +38,9 @@ INTERNAL_ERRORS = counter(
 REJECTIONS = counter(
     "policy_rejections", "Requests rejected by a litellm-kv limit.", ["limit", "status"]
 )
+
+#: Where pre_call leaves the response headers the handlers chose, for the response-headers hook.
+HEADERS_KEY = "litellm_kv_headers"
 
 # Order matters in pre_call: vision may downscale (changing prompt tokens) before routing sees them.
 HANDLER_PATHS = (
@@ -57,37 +61,6 @@ def _settings_path() -> str | None:
         return getattr(proxy_server, "user_config_file_path", None) or os.environ.get("CONFIG_FILE_PATH")
     except Exception:  # pragma: no cover - proxy not importable
         return None
-
-
-def caller_from_auth(user_api_key_dict: Any) -> Caller:
-    """Build a :class:`Caller` from LiteLLM's ``UserAPIKeyAuth``."""
-    return Caller(
-        key_hash=getattr(user_api_key_dict, "token", None),
-        key_alias=getattr(user_api_key_dict, "key_alias", None),
-        team_id=getattr(user_api_key_dict, "team_id", None),
-        team_alias=getattr(user_api_key_dict, "team_alias", None),
-        key_metadata=getattr(user_api_key_dict, "metadata", None) or {},
-        team_metadata=getattr(user_api_key_dict, "team_metadata", None) or {},
-    )
-
-
-def caller_from_request_metadata(metadata: Mapping[str, Any] | None) -> Caller:
-    """Build a :class:`Caller` from the copy LiteLLM puts in ``kwargs["metadata"]`` for router hooks."""
-    md = metadata or {}
-    return Caller(
-        key_hash=md.get("user_api_key_hash") or md.get("user_api_key"),
-        key_alias=md.get("user_api_key_alias"),
-        team_id=md.get("user_api_key_team_id"),
-        team_alias=md.get("user_api_key_team_alias"),
-        key_metadata=md.get("user_api_key_metadata") or {},
-        team_metadata=md.get("user_api_key_team_metadata") or {},
-    )
-
-
-def request_metadata(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The request's metadata dict as LiteLLM passes it to router-level hooks."""
-    md = data.get("metadata") or data.get("litellm_metadata") or {}
-    return md if isinstance(md, dict) else {}
 
 
 class LiteLLMKV(CustomLogger):
@@ -152,10 +125,10 @@ class LiteLLMKV(CustomLogger):
     # -- proxy-level hooks (must be defined on this class itself, not inherited) -------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> Any:
         await self.ensure_started()
-        model_group = str(data.get("model") or "")
+        model_group = litellm_data.model_group(data)
         req = ProxyRequest(
             data=data,
-            caller=caller_from_auth(user_api_key_dict),
+            caller=litellm_data.caller_from_auth(user_api_key_dict),
             model_group=model_group,
             call_type=str(call_type),
             settings=self.settings,
@@ -179,8 +152,7 @@ class LiteLLMKV(CustomLogger):
             except Exception:
                 self._contain(h, "pre_call")
         if req.response_headers:
-            request_metadata(data).setdefault("litellm_kv_headers", {}).update(req.response_headers)
-            data.setdefault("metadata", {}).setdefault("litellm_kv_headers", {}).update(req.response_headers)
+            litellm_data.add_response_headers(data, HEADERS_KEY, req.response_headers)
         return data
 
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict: Any, response: Any) -> Any:
@@ -215,10 +187,7 @@ class LiteLLMKV(CustomLogger):
         request_headers: dict[str, str] | None = None,
         litellm_call_info: dict[str, Any] | None = None,
     ) -> dict[str, str] | None:
-        headers: dict[str, str] = {}
-        md = data.get("metadata") if isinstance(data.get("metadata"), dict) else None
-        if md and isinstance(md.get("litellm_kv_headers"), dict):
-            headers.update(md["litellm_kv_headers"])
+        headers = litellm_data.response_headers_of(data, HEADERS_KEY)
         for h in self.handlers:
             try:
                 headers.update(await h.response_headers(data, response))
@@ -350,7 +319,7 @@ def _install(handler: LiteLLMKV) -> None:
     try:
         from litellm_kv.integration.admin import register
 
-        register()
+        register(handler)
     except Exception:  # not inside a proxy (tests, scripts)
         log.debug("litellm-kv: admin routes not registered (no proxy app)")
     try:

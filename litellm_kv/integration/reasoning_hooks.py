@@ -23,20 +23,13 @@ from typing import Any
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.governance.billing import (
-    record_breakdown,
-    reported_reasoning_tokens,
-    request_metadata_dicts,
-    set_reasoning_tokens,
-    usage_of,
-)
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
     POLICY_FIELDS,
     ClientAsk,
-    Decision,
     GroupReasoningSettings,
+    ReasoningDecision,
     ReasoningPolicy,
     apply_decision,
     estimate_tokens,
@@ -44,6 +37,8 @@ from litellm_kv.governance.reasoning import (
     resolve_policy,
     strip_client_reasoning,
 )
+from litellm_kv.integration import litellm_data
+from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
 from litellm_kv.integration.governance import GovernanceHandler
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
@@ -93,20 +88,17 @@ class _StreamTally:
     started: float = field(default_factory=time.monotonic)
 
 
-def _decision_of(request_data: Mapping[str, Any]) -> Decision | None:
-    for md in request_metadata_dicts(request_data):
-        raw = md.get(DECISION_KEY)
-        if isinstance(raw, Mapping):
-            return Decision.from_json(raw)
-    return None
+def _decision_of(request_data: Mapping[str, Any]) -> ReasoningDecision | None:
+    raw = litellm_data.read_entry(request_data, DECISION_KEY)
+    return ReasoningDecision.from_json(raw) if raw is not None else None
 
 
 def _model_group_of(request_data: Mapping[str, Any]) -> str:
-    for md in request_metadata_dicts(request_data):
+    for md in litellm_data.metadata_dicts(request_data):
         raw = md.get(DECISION_KEY)
         if isinstance(raw, Mapping) and raw.get("model_group"):
             return str(raw["model_group"])
-    return str(request_data.get("model") or "")
+    return litellm_data.model_group(request_data)
 
 
 def _reasoning_text(container: Any) -> str:
@@ -136,15 +128,6 @@ def _hide_reasoning(container: Any) -> bool:
             if psf.pop(name, None) is not None:
                 hid = True
     return hid
-
-
-def _choices(obj: Any) -> list[Any]:
-    choices = obj.get("choices") if isinstance(obj, Mapping) else getattr(obj, "choices", None)
-    return list(choices or [])
-
-
-def _part(choice: Any, name: str) -> Any:
-    return choice.get(name) if isinstance(choice, Mapping) else getattr(choice, name, None)
 
 
 class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
@@ -199,31 +182,21 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         ask = read_client_ask(data, gs.effort_budgets, gs.template_kwarg)
         for name in strip_client_reasoning(data, gs.template_kwarg):
             NEUTRALISED.labels(group, name).inc()
-        for md in request_metadata_dicts(data):
-            md.pop(DECISION_KEY, None)  # a client-sent decision is never trusted
+        litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
 
         decision = self._decide(policy, ask, req)
         await self._check_periods(policy, decision, req, gs)
         apply_decision(data, decision, gs)
-        if data.get("stream"):
-            # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
-            opts = data.get("stream_options")
-            data["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-
-        stored = {**decision.to_json(), "model_group": group}
-        if not isinstance(data.get("metadata"), dict):
-            data["metadata"] = {}
-        data["metadata"][DECISION_KEY] = stored
-        lm = data.get("litellm_metadata")
-        if isinstance(lm, dict):
-            lm[DECISION_KEY] = stored
+        # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
+        litellm_data.ask_stream_usage(data)
+        litellm_data.write_entry(data, DECISION_KEY, {**decision.to_json(), "model_group": group})
         req.response_headers[HEADER_BUDGET] = (
             "off" if not decision.thinking else ("unlimited" if decision.budget is None else str(decision.budget))
         )
 
-    def _decide(self, policy: ReasoningPolicy, ask: ClientAsk, req: ProxyRequest) -> Decision:
+    def _decide(self, policy: ReasoningPolicy, ask: ClientAsk, req: ProxyRequest) -> ReasoningDecision:
         group = req.model_group
-        decision = Decision(thinking=True, budget=None, show_reasoning=policy.may_see_reasoning)
+        decision = ReasoningDecision(thinking=True, budget=None, show_reasoning=policy.may_see_reasoning)
         if not policy.thinking_allowed:
             source = policy.allowed.source if policy.allowed else "policy"
             if ask.explicit_on and policy.rejects_over_max:
@@ -267,7 +240,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         return decision
 
     async def _check_periods(
-        self, policy: ReasoningPolicy, decision: Decision, req: ProxyRequest, gs: GroupReasoningSettings
+        self, policy: ReasoningPolicy, decision: ReasoningDecision, req: ProxyRequest, gs: GroupReasoningSettings
     ) -> None:
         now = datetime.now(timezone.utc)
         group = req.model_group
@@ -320,7 +293,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         return estimate_tokens(text), "estimate"
 
     async def _settle(
-        self, targets: list[dict[str, Any]], decision: Decision, group: str, usage: Any, text: str
+        self, targets: list[dict[str, Any]], decision: ReasoningDecision, group: str, usage: Any, text: str
     ) -> None:
         """Write reasoning tokens into ``usage``, charge the period budgets, record the breakdown."""
         reported = reported_reasoning_tokens(usage)
@@ -358,20 +331,20 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         if decision is None:
             return
         group = _model_group_of(request_data)
-        text = "".join(_reasoning_text(_part(c, "message")) for c in _choices(response))
-        usage = usage_of(response)
+        text = "".join(_reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response))
+        usage = litellm_data.usage_of(response)
         if usage is not None:
             await self._settle([request_data], decision, group, usage, text)
         if not decision.show_reasoning and any(
-            [_hide_reasoning(_part(c, "message")) for c in _choices(response)]
+            [_hide_reasoning(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)]
         ):
                 HIDDEN.labels(group).inc()
 
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
         decision = _decision_of(data)
         if decision is not None and not decision.show_reasoning:
-            for c in _choices(response):
-                _hide_reasoning(_part(c, "message"))
+            for c in litellm_data.choices_of(response):
+                _hide_reasoning(litellm_data.field(c, "message"))
 
     async def stream_chunk(self, data: dict[str, Any], chunk: Any) -> None:
         """Tally streamed reasoning (before hiding it) for :meth:`log_success`.
@@ -382,13 +355,13 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         decision = _decision_of(data)
         if decision is None:
             return
-        call_id = str(data.get("litellm_call_id") or "")
+        call_id = litellm_data.call_id(data) or ""
         tally = self._streams.get(call_id) if call_id else None
         if call_id and tally is None:
             tally = self._streams[call_id] = _StreamTally()
             self._forget_stale_streams()
-        for c in _choices(chunk):
-            delta = _part(c, "delta")
+        for c in litellm_data.choices_of(chunk):
+            delta = litellm_data.field(c, "delta")
             text = _reasoning_text(delta)
             if text and tally is not None:
                 tally.text.append(text)
@@ -402,17 +375,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         decision = _decision_of(kwargs)
         if decision is None:
             return
-        call_id = str(kwargs.get("litellm_call_id") or "")
+        call_id = litellm_data.call_id(kwargs) or ""
         tally = self._streams.pop(call_id, None)
         group = _model_group_of(kwargs)
-        usage = usage_of(response)
+        usage = litellm_data.usage_of(response)
         text = "".join(tally.text) if tally is not None else "".join(
-            _reasoning_text(_part(c, "message")) for c in _choices(response)
+            _reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)
         )
-        targets: list[dict[str, Any]] = [kwargs]
-        slo = kwargs.get("standard_logging_object")
-        if isinstance(slo, dict):
-            targets.append(slo)  # what the spend-log writer reads
+        targets = litellm_data.logged_call_targets(kwargs)
         await self._settle(targets, decision, group, usage if usage is not None else {}, text)
 
     def _forget_stale_streams(self) -> None:

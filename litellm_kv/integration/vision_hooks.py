@@ -22,34 +22,32 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_kv.config import Settings, doc
+from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.billing import record_breakdown, request_metadata_dicts, set_image_tokens, usage_of
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
-from litellm_kv.governance.images import (
-    DEFAULT_MAX_IMAGE_BYTES,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageBounds,
-    ImageError,
-    ImagePart,
-    find_media,
-    image_info,
-    measure,
+from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
+from litellm_kv.governance.policy import PolicyLayer
+from litellm_kv.governance.vision import ENGINE_RESIZABLE
+from litellm_kv.governance.vision_policy import (
+    POLICY_FIELDS,
+    Counted,
+    GroupVisionSettings,
+    PixelBounds,
+    TokenCap,
+    VisionPolicy,
+    ceiling_tokens,
+    engine_bounds,
+    fit_max_pixels,
+    image_tokens,
+    recount,
+    resolve_policy,
 )
-from litellm_kv.governance.policy import (
-    Limit,
-    PeriodLimit,
-    PolicyLayer,
-    period_limits,
-    strictest_choice,
-    strictest_min,
-)
-from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
+from litellm_kv.integration import litellm_data
+from litellm_kv.integration.billing import record_breakdown, set_image_tokens
 from litellm_kv.integration.governance import GovernanceHandler
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
@@ -61,21 +59,6 @@ METER = "visual_tokens"
 DECISION_KEY = "litellm_kv_vision"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
-
-#: Fields of the policy object (key metadata, team metadata, or the group's config section).
-POLICY_FIELDS = (
-    "max_images_per_request",
-    "max_visual_tokens_per_request",
-    "max_pixels_per_image",
-    "tokens_per_day",
-    "tokens_per_week",
-    "tokens_per_month",
-    "over_limit",
-)
-PERIOD_FIELDS: dict[Period, str] = {
-    Period.DAY: "tokens_per_day", Period.WEEK: "tokens_per_week", Period.MONTH: "tokens_per_month",
-}
-OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
 
 IMAGES = counter("vision_images", "Images seen in requests, by model group and kind.", ["model_group", "kind"])
 TOKENS_CHARGED = counter(
@@ -99,122 +82,6 @@ COUNT_SECONDS = histogram(
     "vision_count_seconds", "Time to find, measure and count the images of one request.", ["model_group"],
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
 )
-
-
-@dataclass(slots=True)
-class FetchSettings:
-    """Optional fetching of remote images to read their size (off unless hosts are listed)."""
-
-    allow_hosts: list[str] = doc(
-        "Exact host names whose images may be fetched to measure them; empty = never fetch.", default_factory=list
-    )
-    timeout_s: float = doc("Total time allowed per fetch; on timeout the ceiling is counted.", default=2.0)
-    max_bytes: int = doc("Largest image fetched; bigger answers are a 400 (image.too_large).", default=5 * 2**20)
-
-
-@dataclass(slots=True)
-class GroupVisionSettings:
-    """Model-group settings of the vision section (beside the policy fields)."""
-
-    family: str = doc(f"Visual-token formula of the group's model: one of {list(FAMILIES)}.", default="qwen2_5_vl")
-    min_pixels: int | None = doc(
-        "The engine's min_pixels (Qwen families) when the deployment overrides the model default.", default=None
-    )
-    max_pixels: int | None = doc(
-        "The engine's max_pixels (Qwen families) when the deployment overrides the model default; also the "
-        "ceiling at which unfetched remote images are counted.", default=None,
-    )
-    detail: str | None = doc("Default detail level (openai/anthropic/gemini) when the request gives none.",
-                             default=None)
-    tokens_per_image: int | None = doc("Tokens per image for family 'fixed'.", default=None)
-    remote_image_tokens: int | None = doc(
-        "Tokens counted for an unfetched remote image when the family has no ceiling (gemini tiles).", default=None
-    )
-    max_image_bytes: int = doc("Largest decoded image payload accepted (400 image.too_large).",
-                               default=DEFAULT_MAX_IMAGE_BYTES)
-    max_image_pixels: int = doc(
-        "Largest width x height an image header may declare (400 image.too_many_pixels; decompression bombs).",
-        default=DEFAULT_MAX_IMAGE_PIXELS,
-    )
-    videos: Literal["reject", "allow"] = doc(
-        "Video parts: 'reject' (400 vision.videos) or 'allow' (passed through, not counted).", default="reject"
-    )
-    engine_resize: bool = doc(
-        "Whether vLLM deployments (hosted_vllm/) get mm_processor_kwargs.max_pixels when downscaling.",
-        default=True,
-    )
-    prompt_includes_images: bool = doc(
-        "Whether the engine's prompt_tokens already include visual tokens (vLLM: yes). If false, they are added.",
-        default=True,
-    )
-    invalid_metadata: Literal["reject", "ignore"] = doc(
-        "Malformed vision metadata on a key/team: 'reject' (400 naming the field) or 'ignore' (log, use config).",
-        default="reject",
-    )
-    fetch: FetchSettings = doc("Optional fetching of remote images.", default_factory=FetchSettings)
-
-    def validate(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
-        if self.family == "fixed" and self.tokens_per_image is None:
-            raise ValueError("family 'fixed' needs tokens_per_image")
-
-
-GROUP_FIELDS = tuple(GroupVisionSettings.__dataclass_fields__)
-
-
-@dataclass(frozen=True, slots=True)
-class VisionPolicy:
-    max_images: Limit[int] | None = None
-    max_tokens: Limit[int] | None = None
-    max_pixels: Limit[int] | None = None
-    over_limit: Limit[str] | None = None
-    periods: tuple[PeriodLimit, ...] = ()
-
-    @property
-    def downscale(self) -> bool:
-        return self.over_limit is not None and self.over_limit.value == "downscale"
-
-
-def resolve_policy(
-    key: PolicyLayer, team: PolicyLayer | None, config: PolicyLayer, *, key_scope: str, team_scope: str | None
-) -> VisionPolicy:
-    """Strictest of key, team and config for each limit; ``over_limit`` defaults to reject."""
-    layers = [lay for lay in (key, team, config) if lay is not None]
-    for lay in layers:
-        lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
-    periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
-    return VisionPolicy(
-        max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
-        max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
-        max_pixels=strictest_min(*(lay.int_field("max_pixels_per_image", minimum=1) for lay in layers)),
-        over_limit=strictest_choice(
-            OVER_LIMIT_ORDER, *(lay.choice_field("over_limit", OVER_LIMIT_ORDER) for lay in layers)
-        ),
-        periods=tuple(periods),
-    )
-
-
-@dataclass(slots=True)
-class Counted:
-    """One image as counted before the call."""
-
-    where: str
-    tokens: int
-    width: int | None = None  # None: remote image of unknown size (counted at the ceiling)
-    height: int | None = None
-    how: str = "header"  # header | fetched | ceiling
-    detail: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"where": self.where, "tokens": self.tokens, "width": self.width, "height": self.height,
-                "how": self.how}
-
-
-@dataclass(slots=True)
-class _Bounds:
-    min_pixels: int | None
-    max_pixels: int | None
 
 
 class VisionHandler(GovernanceHandler[GroupVisionSettings]):
@@ -241,43 +108,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             log.warning("litellm-kv: ignoring malformed vision metadata of %s", req.caller.key_label, exc_info=True)
             empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
             return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)
-
-    def _bounds(self, data: Mapping[str, Any], gs: GroupVisionSettings) -> _Bounds:
-        """The pixel bounds the engine will use: the group's, or the client's own mm_processor_kwargs."""
-        lo, hi = gs.min_pixels, gs.max_pixels
-        client = data.get("mm_processor_kwargs")
-        if gs.family in ENGINE_RESIZABLE and isinstance(client, Mapping):
-            # The engine honours the client's values, so count with them (a client cannot hide tokens).
-            for name in ("min_pixels", "max_pixels"):
-                v = client.get(name)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                    raise PolicyViolation(400, f"mm_processor_kwargs.{name} must be a positive integer, got {v!r}",
-                                          limit_name=f"vision.mm_processor_kwargs.{name}", value=v,
-                                          source="request")
-            lo = client.get("min_pixels", lo)
-            hi = client.get("max_pixels", hi)
-        return _Bounds(lo, hi)
-
-    def _tokens(self, gs: GroupVisionSettings, w: int, h: int, detail: str | None, b: _Bounds,
-                where: str) -> int:
-        try:
-            return visual_tokens(gs.family, w, h, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
-                                 detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
-        except ValueError as exc:
-            raise ImageError.of("corrupt", where, f"{w}x{h} image cannot be used with {gs.family}: {exc}") from None
-
-    def _ceiling(self, gs: GroupVisionSettings, detail: str | None, b: _Bounds, where: str) -> int:
-        top = max_visual_tokens(gs.family, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
-                                detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
-        if top is None:
-            top = gs.remote_image_tokens
-        if top is None:
-            raise ImageError.of(
-                "invalid_url", where,
-                f"remote image URLs cannot be counted for family {gs.family} (no size ceiling); send the image "
-                "inline as a data: URL, or set remote_image_tokens in the group's vision config",
-            )
-        return top
 
     async def _fetch_size(
         self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
@@ -308,59 +138,25 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return info.width, info.height
 
     async def _count(
-        self, images: list[ImagePart], gs: GroupVisionSettings, b: _Bounds
+        self, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
     ) -> list[Counted]:
         limits = ImageBounds(max_bytes=gs.max_image_bytes, max_pixels=gs.max_image_pixels)
         out: list[Counted] = []
         for part in images:
             if part.inline:
                 info = measure(part, limits)
-                out.append(Counted(part.where, self._tokens(gs, info.width, info.height, part.detail, b, part.where),
+                out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
                                    info.width, info.height, "header", part.detail))
                 continue
             size = await self._fetch_size(part, gs, limits)
             if size is not None:
                 w, h = size
-                out.append(Counted(part.where, self._tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
+                out.append(Counted(part.where, image_tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
                                    part.detail))
             else:
-                out.append(Counted(part.where, self._ceiling(gs, part.detail, b, part.where), None, None, "ceiling",
+                out.append(Counted(part.where, ceiling_tokens(gs, part.detail, b, part.where), None, None, "ceiling",
                                    part.detail))
         return out
-
-    def _total_at(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, max_pixels: int) -> int:
-        at = _Bounds(b.min_pixels, max_pixels)
-        total = 0
-        for c in counted:
-            if c.width is None or c.height is None:
-                total += self._ceiling(gs, c.detail, at, c.where)
-            else:
-                total += self._tokens(gs, c.width, c.height, c.detail, at, c.where)
-        return total
-
-    def _fit_max_pixels(self, counted: list[Counted], gs: GroupVisionSettings, b: _Bounds, cap_tokens: int | None,
-                        cap_pixels: int | None) -> int | None:
-        """Largest max_pixels whose token total fits ``cap_tokens`` (and ≤ ``cap_pixels``), or None if none does."""
-        grid = QWEN_GRIDS[gs.family]
-        lo = b.min_pixels if b.min_pixels is not None else grid.min_pixels
-        hi = b.max_pixels if b.max_pixels is not None else grid.max_pixels
-        if cap_pixels is not None:
-            hi = min(hi, cap_pixels)
-        lo = max(lo, grid.factor * grid.factor)
-        if hi < lo:
-            return None
-        if cap_tokens is None or self._total_at(counted, gs, b, hi) <= cap_tokens:
-            return hi
-        if self._total_at(counted, gs, b, lo) > cap_tokens:
-            return None
-        # Token totals grow with max_pixels: bisect for the largest value that fits.
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._total_at(counted, gs, b, mid) <= cap_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
     def _reject(self, req: ProxyRequest, status: int, limit_name: str, message: str, limit: object, value: object,
                 source: str, headers: dict[str, str] | None = None) -> PolicyViolation:
@@ -369,14 +165,45 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                headers=headers or {})
 
     async def pre_call(self, req: ProxyRequest) -> None:
-        data = req.data
-        group = req.model_group
-        for md in request_metadata_dicts(data):
-            md.pop(DECISION_KEY, None)  # a client-sent decision is never trusted
-        gs = self.group_settings(group)
+        litellm_data.drop_entry(req.data, DECISION_KEY)  # a client-sent decision is never trusted
+        gs = self.group_settings(req.model_group)
         started = time.perf_counter()
+        images = self._find_images(req, gs)
+        if not images:
+            return
+        policy = self._policy(req, gs)
+        self._check_image_count(req, policy, len(images))
+        b = engine_bounds(req.data, gs)
+        counted = await self._measure(req, images, gs, b)
+        resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
+        downscale = policy.downscale and resizable
+        why_not = "" if resizable else (
+            f" (downscaling needs a vLLM deployment of a Qwen-VL family; this is {gs.family})"
+        )
+        need_pixel_cap = self._check_pixels(req, policy, counted, resizable, downscale, why_not)
+        caps, charges = await self._token_caps(req, policy)
+        max_pixels, downscaled_by, total = self._plan(
+            req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
+        )
+        if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
+            # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
+            # engine honour that ceiling even if the deployment was started with a larger one.
+            max_pixels = b.max_pixels
+        litellm_data.ask_stream_usage(req.data)
+        decision = {
+            "model_group": req.model_group, "family": gs.family, "tokens": total,
+            "images": [c.to_json() for c in counted], "max_pixels": max_pixels, "downscaled_by": downscaled_by,
+            "charges": charges,
+        }
+        litellm_data.write_entry(req.data, DECISION_KEY, decision)
+        req.response_headers[HEADER_TOKENS] = str(total)
+        COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
+
+    def _find_images(self, req: ProxyRequest, gs: GroupVisionSettings) -> list[ImagePart]:
+        """The request's images; its videos are refused unless the group allows them."""
+        group = req.model_group
         try:
-            images, videos = find_media(data)
+            images, videos = find_media(req.data)
         except ImageError as exc:
             REJECTED.labels(group, exc.limit_name).inc()
             raise
@@ -386,64 +213,71 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 f"{videos[0].where}: video input is not accepted on model '{group}' (vision.videos=reject in "
                 f"config model_groups.{group}.vision)", "reject", len(videos), f"config model_groups.{group}.vision",
             )
-        if not images:
-            return
-        policy = self._policy(req, gs)
-        who = req.caller.key_label
-        if policy.max_images is not None and len(images) > policy.max_images.value:
-            lim = policy.max_images
+        return images
+
+    def _check_image_count(self, req: ProxyRequest, policy: VisionPolicy, images: int) -> None:
+        lim = policy.max_images
+        if lim is not None and images > lim.value:
             raise self._reject(
                 req, 400, "vision.max_images_per_request",
-                f"Request has {len(images)} images; the limit is {lim.value} images per request for {who} on "
-                f"model '{group}' (set in {lim.source}).", lim.value, len(images), lim.source,
+                f"Request has {images} images; the limit is {lim.value} images per request for "
+                f"{req.caller.key_label} on model '{req.model_group}' (set in {lim.source}).",
+                lim.value, images, lim.source,
             )
-        b = self._bounds(data, gs)
+
+    async def _measure(
+        self, req: ProxyRequest, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
+    ) -> list[Counted]:
         try:
             counted = await self._count(images, gs, b)
         except ImageError as exc:
-            REJECTED.labels(group, exc.limit_name).inc()
+            REJECTED.labels(req.model_group, exc.limit_name).inc()
             raise
         for c in counted:
-            IMAGES.labels(group, c.how).inc()
-        total = sum(c.tokens for c in counted)
-        resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
-        downscale = policy.downscale and resizable
-        why_not = "" if resizable else (
-            f" (downscaling needs a vLLM deployment of a Qwen-VL family; this is {gs.family})"
-        )
+            IMAGES.labels(req.model_group, c.how).inc()
+        return counted
 
-        # Limits that downscaling can satisfy: pixels per image, tokens per request, period remainders.
-        cap_pixels: Limit[int] | None = policy.max_pixels
+    def _check_pixels(self, req: ProxyRequest, policy: VisionPolicy, counted: list[Counted], resizable: bool,
+                      downscale: bool, why_not: str) -> bool:
+        """Refuse images over ``max_pixels_per_image`` that cannot be downscaled; True when the engine
+        must be capped to satisfy it."""
+        cap_pixels = policy.max_pixels
+        if cap_pixels is None:
+            return False
+        who, group = req.caller.key_label, req.model_group
         need_pixel_cap = False
-        if cap_pixels is not None:
-            for c in counted:
-                if c.width is None or c.height is None:
-                    if resizable:
-                        need_pixel_cap = True  # unknown size: let the engine guarantee the cap
-                        continue
+        for c in counted:
+            if c.width is None or c.height is None:
+                if resizable:
+                    need_pixel_cap = True  # unknown size: let the engine guarantee the cap
+                    continue
+                raise self._reject(
+                    req, 400, "vision.max_pixels_per_image",
+                    f"{c.where}: the size of a remote image cannot be checked against the limit of "
+                    f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
+                    f"{cap_pixels.source}); send it inline.", cap_pixels.value, None, cap_pixels.source,
+                )
+            pixels = c.width * c.height
+            if pixels > cap_pixels.value:
+                if not downscale:
                     raise self._reject(
                         req, 400, "vision.max_pixels_per_image",
-                        f"{c.where}: the size of a remote image cannot be checked against the limit of "
+                        f"{c.where}: image of {c.width}x{c.height} = {pixels} pixels exceeds the limit of "
                         f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
-                        f"{cap_pixels.source}); send it inline.", cap_pixels.value, None, cap_pixels.source,
+                        f"{cap_pixels.source}){why_not}.", cap_pixels.value, pixels, cap_pixels.source,
                     )
-                pixels = c.width * c.height
-                if pixels > cap_pixels.value:
-                    if not downscale:
-                        raise self._reject(
-                            req, 400, "vision.max_pixels_per_image",
-                            f"{c.where}: image of {c.width}x{c.height} = {pixels} pixels exceeds the limit of "
-                            f"{cap_pixels.value} pixels per image for {who} on model '{group}' (set in "
-                            f"{cap_pixels.source}){why_not}.", cap_pixels.value, pixels, cap_pixels.source,
-                        )
-                    need_pixel_cap = True
+                need_pixel_cap = True
+        return need_pixel_cap
 
+    async def _token_caps(
+        self, req: ProxyRequest, policy: VisionPolicy
+    ) -> tuple[list[TokenCap], list[dict[str, Any]]]:
+        """The per-request token limit and what is left of each period budget (429 when one is spent),
+        and the budgets to charge after the call."""
         now = datetime.now(timezone.utc)
-        token_caps: list[tuple[int, str, Limit[int], int, dict[str, str], str]] = []
+        caps: list[TokenCap] = []
         if policy.max_tokens is not None:
-            lim = policy.max_tokens
-            token_caps.append((lim.value, "vision.max_visual_tokens_per_request", lim, 400, {},
-                               f"the limit of {lim.value} visual tokens per request for {who}"))
+            caps.append(TokenCap.per_request(policy.max_tokens, req.caller.key_label))
         charges: list[dict[str, Any]] = []
         for pl in policy.periods:
             charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
@@ -460,81 +294,62 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 raise self._reject(
                     req, 429, f"vision.tokens_per_{pl.period.value}",
                     f"Visual-token budget spent: {pl.scope_label} has used {state.used} of {state.limit} visual "
-                    f"tokens this {pl.period.value} on model '{group}' (limit set in {pl.limit.source}). It resets "
-                    f"at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
+                    f"tokens this {pl.period.value} on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"It resets at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
                 )
-            token_caps.append((state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
-                               f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
-                               f"{pl.scope_label} (resets {reset})"))
+            caps.append(TokenCap(state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
+                                 f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
+                                 f"{pl.scope_label} (resets {reset})"))
+        return caps, charges
 
-        max_pixels: int | None = None
-        downscaled_by: str | None = None
-        tightest = min(token_caps, key=lambda t: t[0]) if token_caps else None
-        over_tokens = tightest is not None and total > tightest[0]
-        if over_tokens or need_pixel_cap:
-            if over_tokens and not downscale:
-                assert tightest is not None
-                cap, name, lim, status, headers, what = tightest
-                raise self._reject(
-                    req, status, name,
-                    f"Request needs {total} visual tokens ({len(counted)} images, counted for {gs.family}); that "
-                    f"exceeds {what} on model '{group}' (set in {lim.source}){why_not}.", cap, total, lim.source,
-                    headers,
-                )
-            fit = self._fit_max_pixels(counted, gs, b, tightest[0] if tightest else None,
-                                       cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
-            if fit is None:
-                assert tightest is not None
-                cap, name, lim, status, headers, what = tightest
-                raise self._reject(
-                    req, status, name,
-                    f"Request needs {total} visual tokens ({len(counted)} images) and cannot be downscaled within "
-                    f"{what} on model '{group}' (set in {lim.source}): even at the processor's minimum size it "
-                    "needs more.", cap, total, lim.source, headers,
-                )
-            max_pixels = fit
-            sources = []
-            if need_pixel_cap and cap_pixels is not None:
-                sources.append(f"max_pixels_per_image ({cap_pixels.source})")
-                DOWNSCALED.labels(group, "vision.max_pixels_per_image").inc()
-            if over_tokens and tightest is not None:
-                sources.append(f"{tightest[1].removeprefix('vision.')} ({tightest[2].source})")
-                DOWNSCALED.labels(group, tightest[1]).inc()
-            downscaled_by = "; ".join(sources)
-            at = _Bounds(b.min_pixels, fit)
-            for c in counted:
-                c.tokens = (self._ceiling(gs, c.detail, at, c.where) if c.width is None or c.height is None
-                            else self._tokens(gs, c.width, c.height, c.detail, at, c.where))
-            total = sum(c.tokens for c in counted)
-            req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
-
-        if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
-            # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
-            # engine honour that ceiling even if the deployment was started with a larger one.
-            max_pixels = b.max_pixels
-        if data.get("stream"):
-            opts = data.get("stream_options")
-            data["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-        decision = {
-            "model_group": group, "family": gs.family, "tokens": total, "images": [c.to_json() for c in counted],
-            "max_pixels": max_pixels, "downscaled_by": downscaled_by, "charges": charges,
-        }
-        if not isinstance(data.get("metadata"), dict):
-            data["metadata"] = {}
-        data["metadata"][DECISION_KEY] = decision
-        lm = data.get("litellm_metadata")
-        if isinstance(lm, dict):
-            lm[DECISION_KEY] = decision
-        req.response_headers[HEADER_TOKENS] = str(total)
-        COUNT_SECONDS.labels(group).observe(time.perf_counter() - started)
+    def _plan(
+        self, req: ProxyRequest, gs: GroupVisionSettings, policy: VisionPolicy, counted: list[Counted],
+        b: PixelBounds, caps: list[TokenCap], *, need_pixel_cap: bool, downscale: bool, why_not: str,
+    ) -> tuple[int | None, str | None, int]:
+        """Refuse a request over its tightest token cap, or pick the engine's ``max_pixels`` that fits every
+        limit: (max_pixels or None, what it was lowered for, the visual tokens at that size)."""
+        group = req.model_group
+        total = sum(c.tokens for c in counted)
+        tightest = min(caps, key=lambda cap: cap.tokens) if caps else None
+        over_tokens = tightest is not None and total > tightest.tokens
+        if not (over_tokens or need_pixel_cap):
+            return None, None, total
+        if over_tokens and not downscale:
+            assert tightest is not None
+            raise self._reject(
+                req, tightest.status, tightest.limit_name,
+                f"Request needs {total} visual tokens ({len(counted)} images, counted for {gs.family}); that "
+                f"exceeds {tightest.what} on model '{group}' (set in {tightest.limit.source}){why_not}.",
+                tightest.tokens, total, tightest.limit.source, dict(tightest.headers),
+            )
+        cap_pixels = policy.max_pixels
+        fit = fit_max_pixels(counted, gs, b, tightest.tokens if tightest else None,
+                             cap_pixels.value if cap_pixels is not None and need_pixel_cap else None)
+        if fit is None:
+            assert tightest is not None
+            raise self._reject(
+                req, tightest.status, tightest.limit_name,
+                f"Request needs {total} visual tokens ({len(counted)} images) and cannot be downscaled within "
+                f"{tightest.what} on model '{group}' (set in {tightest.limit.source}): even at the processor's "
+                "minimum size it needs more.", tightest.tokens, total, tightest.limit.source, dict(tightest.headers),
+            )
+        sources = []
+        if need_pixel_cap and cap_pixels is not None:
+            sources.append(f"max_pixels_per_image ({cap_pixels.source})")
+            DOWNSCALED.labels(group, "vision.max_pixels_per_image").inc()
+        if over_tokens and tightest is not None:
+            sources.append(f"{tightest.limit_name.removeprefix('vision.')} ({tightest.limit.source})")
+            DOWNSCALED.labels(group, tightest.limit_name).inc()
+        downscaled_by = "; ".join(sources)
+        total = recount(counted, gs, b, fit)
+        req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
+        return fit, downscaled_by, total
 
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
         decision = _decision_of(kwargs)
         if decision is None or decision.get("max_pixels") is None:
             return
-        model = str(kwargs.get("model") or "")
-        provider = str(kwargs.get("custom_llm_provider") or "")
-        if not (model.startswith("hosted_vllm/") or provider == "hosted_vllm"):
+        if not litellm_data.is_vllm_deployment(kwargs):
             # Only vLLM resizes on request; other providers would reject an unknown field.
             return
         mm = kwargs.get("mm_processor_kwargs")
@@ -593,7 +408,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         decision = _decision_of(request_data)
-        usage = usage_of(response)
+        usage = litellm_data.usage_of(response)
         if decision is not None and usage is not None:
             await self._charge(decision, self._apply([request_data], decision, usage))
 
@@ -614,7 +429,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         targets: list[Mapping[str, Any]] = [data]
         if isinstance(details, Mapping):
             targets.append(details)
-        call_id = str(data.get("litellm_call_id") or (details or {}).get("litellm_call_id") or id(data))
+        call_id = litellm_data.call_id(data) or litellm_data.call_id(details or {}) or str(id(data))
 
         def on_usage(usage: Any) -> None:
             if not self._first_settle(call_id):
@@ -631,10 +446,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
         # client asked for include_usage on some paths): settle once.
         decision = _decision_of(request_data)
-        usage = usage_of(chunk)
-        if decision is None or usage is None or not int(_get(usage, "prompt_tokens") or 0):
+        usage = litellm_data.usage_of(chunk)
+        if decision is None or usage is None or not int(litellm_data.field(usage, "prompt_tokens") or 0):
             return
-        call_id = str(request_data.get("litellm_call_id") or id(request_data))
+        call_id = litellm_data.call_id(request_data) or str(id(request_data))
         if self._first_settle(call_id):
             await self._charge(decision, self._apply([request_data], decision, usage))
 
@@ -661,7 +476,7 @@ class _UsageWatch(list):  # type: ignore[type-arg]
 
     def append(self, item: Any) -> None:
         usage = getattr(item, "usage", None)
-        if usage is not None and int(_get(usage, "prompt_tokens") or 0):
+        if usage is not None and int(litellm_data.field(usage, "prompt_tokens") or 0):
             try:
                 self._on_usage(usage)
             except Exception:  # never break the stream over billing
@@ -669,16 +484,10 @@ class _UsageWatch(list):  # type: ignore[type-arg]
         super().append(item)
 
 
-def _get(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
 def _engine_image_tokens(usage: Any) -> int | None:
     """vLLM's ``prompt_tokens_details.multimodal_tokens`` ({"image": n} in vLLM 0.32; a bare int elsewhere)."""
-    details = _get(usage, "prompt_tokens_details")
-    mm = _get(details, "multimodal_tokens")
+    details = litellm_data.field(usage, "prompt_tokens_details")
+    mm = litellm_data.field(details, "multimodal_tokens")
     if isinstance(mm, Mapping):
         value = mm.get("image")
         return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
@@ -691,8 +500,4 @@ def _engine_image_tokens(usage: Any) -> int | None:
 
 
 def _decision_of(request_data: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for md in request_metadata_dicts(request_data):
-        raw = md.get(DECISION_KEY)
-        if isinstance(raw, Mapping):
-            return raw
-    return None
+    return litellm_data.read_entry(request_data, DECISION_KEY)

@@ -6,8 +6,8 @@ from typing import Any
 
 from litellm_kv.governance.reasoning import (
     DEFAULT_EFFORT_BUDGETS,
-    Decision,
     GroupReasoningSettings,
+    ReasoningDecision,
     apply_decision,
     effort_for_budget,
     read_client_ask,
@@ -35,12 +35,12 @@ def test_strip_removes_every_override_place() -> None:
 
 def test_anthropic_and_openai_styles() -> None:
     data: dict[str, Any] = {"max_tokens": 1000}
-    apply_decision(data, Decision(True, 2048), GroupReasoningSettings(style="anthropic"))
+    apply_decision(data, ReasoningDecision(True, 2048), GroupReasoningSettings(style="anthropic"))
     assert data == {"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 2048 + 512}
     data = {}
-    apply_decision(data, Decision(False, 0), GroupReasoningSettings(style="anthropic"))
+    apply_decision(data, ReasoningDecision(False, 0), GroupReasoningSettings(style="anthropic"))
     assert data == {"thinking": {"type": "disabled"}}
     data = {}
-    apply_decision(data, Decision(True, 3000), GroupReasoningSettings(style="openai"))
+    apply_decision(data, ReasoningDecision(True, 3000), GroupReasoningSettings(style="openai"))
     assert data == {"reasoning_effort": "medium"}
     assert effort_for_budget(0, DEFAULT_EFFORT_BUDGETS) == "none"

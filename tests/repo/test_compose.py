@@ -146,9 +146,8 @@ def test_proxy_and_indexers_mount_the_repository_configs(compose: dict[str, Any]
 
 
 def test_litellm_config_parses_with_every_feature_parser() -> None:
-    from litellm_kv.governance import reasoning
+    from litellm_kv.governance import reasoning, vision_policy
     from litellm_kv.governance.policy import config_layer, metadata_layer
-    from litellm_kv.integration import vision_hooks
     from litellm_kv.routing.affinity import AffinityOptions
     from litellm_kv.routing.cost import CostConfig
     from litellm_kv.routing.options import KVRoutingOptions
@@ -166,7 +165,7 @@ def test_litellm_config_parses_with_every_feature_parser() -> None:
         if g.routing == "affinity":
             parse_section(AffinityOptions, g.affinity, base + ".affinity")
         for feature, module, group_cls in (("reasoning", reasoning, reasoning.GroupReasoningSettings),
-                                           ("vision", vision_hooks, vision_hooks.GroupVisionSettings)):
+                                           ("vision", vision_policy, vision_policy.GroupVisionSettings)):
             values = getattr(g, feature)
             if not values:
                 continue

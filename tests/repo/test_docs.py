@@ -119,14 +119,13 @@ def test_relative_links_resolve(page: Path) -> None:
 
 @pytest.mark.parametrize("example", sorted((ROOT / "config" / "key-metadata").glob("*.json")), ids=lambda p: p.name)
 def test_key_metadata_examples_pass_the_policy_parser(example: Path) -> None:
-    from litellm_kv.governance import reasoning
+    from litellm_kv.governance import reasoning, vision_policy
     from litellm_kv.governance.policy import config_layer, metadata_layer
-    from litellm_kv.integration import vision_hooks
 
     metadata: dict[str, Any] = json.loads(example.read_text())
     features = set(metadata["litellm_kv"])
     assert features <= {"reasoning", "vision"}, features
-    for feature, module in (("reasoning", reasoning), ("vision", vision_hooks)):
+    for feature, module in (("reasoning", reasoning), ("vision", vision_policy)):
         if feature not in features:
             continue
         key = metadata_layer(metadata, feature, where=f"key '{example.stem}'")

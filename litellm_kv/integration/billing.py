@@ -22,15 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from litellm_kv.integration.litellm_data import field, metadata_dicts
+
 SPEND_LOG_KEY = "litellm_kv"
-
-
-def _get(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -40,19 +34,14 @@ def _set(obj: Any, name: str, value: Any) -> None:
         setattr(obj, name, value)
 
 
-def usage_of(response: Any) -> Any:
-    """The ``usage`` object of a response or stream chunk (``None`` when it has none)."""
-    return _get(response, "usage")
-
-
 def reported_reasoning_tokens(usage: Any) -> int | None:
     """``usage.completion_tokens_details.reasoning_tokens`` when the provider reported a positive count."""
-    value = _get(_get(usage, "completion_tokens_details"), "reasoning_tokens")
+    value = field(field(usage, "completion_tokens_details"), "reasoning_tokens")
     return value if isinstance(value, int) and value > 0 else None
 
 
 def _details(usage: Any, name: str, factory: type | None) -> Any:
-    details = _get(usage, name)
+    details = field(usage, name)
     if details is None:
         details = {} if isinstance(usage, MutableMapping) or factory is None else factory()
         _set(usage, name, details)
@@ -73,13 +62,13 @@ def set_reasoning_tokens(usage: Any, tokens: int, *, add_to_completion: bool) ->
     details = _details(usage, "completion_tokens_details", factory)
     _set(details, "reasoning_tokens", tokens)
     if add_to_completion:
-        _set(usage, "completion_tokens", int(_get(usage, "completion_tokens") or 0) + tokens)
-        _set(usage, "total_tokens", int(_get(usage, "total_tokens") or 0) + tokens)
-    elif int(_get(usage, "completion_tokens") or 0) < tokens:
+        _set(usage, "completion_tokens", int(field(usage, "completion_tokens") or 0) + tokens)
+        _set(usage, "total_tokens", int(field(usage, "total_tokens") or 0) + tokens)
+    elif int(field(usage, "completion_tokens") or 0) < tokens:
         # A provider that under-reports: never let the text part go negative.
-        delta = tokens - int(_get(usage, "completion_tokens") or 0)
+        delta = tokens - int(field(usage, "completion_tokens") or 0)
         _set(usage, "completion_tokens", tokens)
-        _set(usage, "total_tokens", int(_get(usage, "total_tokens") or 0) + delta)
+        _set(usage, "total_tokens", int(field(usage, "total_tokens") or 0) + delta)
 
 
 def set_image_tokens(usage: Any, tokens: int, *, add_to_prompt: bool) -> None:
@@ -92,30 +81,13 @@ def set_image_tokens(usage: Any, tokens: int, *, add_to_prompt: bool) -> None:
     details = _details(usage, "prompt_tokens_details", factory)
     _set(details, "image_tokens", tokens)
     if add_to_prompt:
-        _set(usage, "prompt_tokens", int(_get(usage, "prompt_tokens") or 0) + tokens)
-        _set(usage, "total_tokens", int(_get(usage, "total_tokens") or 0) + tokens)
-
-
-def request_metadata_dicts(request_data: Mapping[str, Any]) -> list[MutableMapping[str, Any]]:
-    """Every metadata dict LiteLLM may read for this request (proxy ``metadata``/``litellm_metadata``
-    and, in router-level hooks, ``litellm_params.metadata``)."""
-    out: list[MutableMapping[str, Any]] = []
-    for name in ("metadata", "litellm_metadata"):
-        md = request_data.get(name)
-        if isinstance(md, MutableMapping):
-            out.append(md)
-    params = request_data.get("litellm_params")
-    if isinstance(params, Mapping):
-        for name in ("metadata", "litellm_metadata"):
-            md = params.get(name)
-            if isinstance(md, MutableMapping) and all(md is not o for o in out):
-                out.append(md)
-    return out
+        _set(usage, "prompt_tokens", int(field(usage, "prompt_tokens") or 0) + tokens)
+        _set(usage, "total_tokens", int(field(usage, "total_tokens") or 0) + tokens)
 
 
 def record_breakdown(request_data: Mapping[str, Any], feature: str, breakdown: Mapping[str, Any]) -> None:
     """Put ``breakdown`` under ``spend_logs_metadata.litellm_kv.<feature>`` of the request's metadata."""
-    for md in request_metadata_dicts(request_data):
+    for md in metadata_dicts(request_data):
         slm = md.get("spend_logs_metadata")
         if not isinstance(slm, MutableMapping):
             slm = {}

@@ -1,0 +1,264 @@
+"""Visual-token policy: the vision section's settings, the key ▸ team ▸ config limits, and the
+downscale plan (the largest ``max_pixels`` at which every image still fits the limits).
+
+Pure: no I/O, nothing from LiteLLM. :mod:`litellm_kv.integration.vision_hooks` finds and measures the
+images of a request, calls these functions and enforces what they decide. Schema: ``docs/vision.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from litellm_kv.config import doc
+from litellm_kv.errors import PolicyViolation
+from litellm_kv.governance.budgets import Period
+from litellm_kv.governance.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, ImageError
+from litellm_kv.governance.policy import (
+    Limit,
+    PeriodLimit,
+    PolicyLayer,
+    period_limits,
+    strictest_choice,
+    strictest_min,
+)
+from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
+
+#: Fields of the policy object (key metadata, team metadata, or the group's config section).
+POLICY_FIELDS = (
+    "max_images_per_request",
+    "max_visual_tokens_per_request",
+    "max_pixels_per_image",
+    "tokens_per_day",
+    "tokens_per_week",
+    "tokens_per_month",
+    "over_limit",
+)
+PERIOD_FIELDS: dict[Period, str] = {
+    Period.DAY: "tokens_per_day", Period.WEEK: "tokens_per_week", Period.MONTH: "tokens_per_month",
+}
+OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
+
+
+@dataclass(slots=True)
+class FetchSettings:
+    """Optional fetching of remote images to read their size (off unless hosts are listed)."""
+
+    allow_hosts: list[str] = doc(
+        "Exact host names whose images may be fetched to measure them; empty = never fetch.", default_factory=list
+    )
+    timeout_s: float = doc("Total time allowed per fetch; on timeout the ceiling is counted.", default=2.0)
+    max_bytes: int = doc("Largest image fetched; bigger answers are a 400 (image.too_large).", default=5 * 2**20)
+
+
+@dataclass(slots=True)
+class GroupVisionSettings:
+    """Model-group settings of the vision section (beside the policy fields)."""
+
+    family: str = doc(f"Visual-token formula of the group's model: one of {list(FAMILIES)}.", default="qwen2_5_vl")
+    min_pixels: int | None = doc(
+        "The engine's min_pixels (Qwen families) when the deployment overrides the model default.", default=None
+    )
+    max_pixels: int | None = doc(
+        "The engine's max_pixels (Qwen families) when the deployment overrides the model default; also the "
+        "ceiling at which unfetched remote images are counted.", default=None,
+    )
+    detail: str | None = doc("Default detail level (openai/anthropic/gemini) when the request gives none.",
+                             default=None)
+    tokens_per_image: int | None = doc("Tokens per image for family 'fixed'.", default=None)
+    remote_image_tokens: int | None = doc(
+        "Tokens counted for an unfetched remote image when the family has no ceiling (gemini tiles).", default=None
+    )
+    max_image_bytes: int = doc("Largest decoded image payload accepted (400 image.too_large).",
+                               default=DEFAULT_MAX_IMAGE_BYTES)
+    max_image_pixels: int = doc(
+        "Largest width x height an image header may declare (400 image.too_many_pixels; decompression bombs).",
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+    )
+    videos: Literal["reject", "allow"] = doc(
+        "Video parts: 'reject' (400 vision.videos) or 'allow' (passed through, not counted).", default="reject"
+    )
+    engine_resize: bool = doc(
+        "Whether vLLM deployments (hosted_vllm/) get mm_processor_kwargs.max_pixels when downscaling.",
+        default=True,
+    )
+    prompt_includes_images: bool = doc(
+        "Whether the engine's prompt_tokens already include visual tokens (vLLM: yes). If false, they are added.",
+        default=True,
+    )
+    invalid_metadata: Literal["reject", "ignore"] = doc(
+        "Malformed vision metadata on a key/team: 'reject' (400 naming the field) or 'ignore' (log, use config).",
+        default="reject",
+    )
+    fetch: FetchSettings = doc("Optional fetching of remote images.", default_factory=FetchSettings)
+
+    def validate(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
+        if self.family == "fixed" and self.tokens_per_image is None:
+            raise ValueError("family 'fixed' needs tokens_per_image")
+
+
+GROUP_FIELDS = tuple(GroupVisionSettings.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class VisionPolicy:
+    max_images: Limit[int] | None = None
+    max_tokens: Limit[int] | None = None
+    max_pixels: Limit[int] | None = None
+    over_limit: Limit[str] | None = None
+    periods: tuple[PeriodLimit, ...] = ()
+
+    @property
+    def downscale(self) -> bool:
+        return self.over_limit is not None and self.over_limit.value == "downscale"
+
+
+def resolve_policy(
+    key: PolicyLayer, team: PolicyLayer | None, config: PolicyLayer, *, key_scope: str, team_scope: str | None
+) -> VisionPolicy:
+    """Strictest of key, team and config for each limit; ``over_limit`` defaults to reject."""
+    layers = [lay for lay in (key, team, config) if lay is not None]
+    for lay in layers:
+        lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
+    periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
+    return VisionPolicy(
+        max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
+        max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
+        max_pixels=strictest_min(*(lay.int_field("max_pixels_per_image", minimum=1) for lay in layers)),
+        over_limit=strictest_choice(
+            OVER_LIMIT_ORDER, *(lay.choice_field("over_limit", OVER_LIMIT_ORDER) for lay in layers)
+        ),
+        periods=tuple(periods),
+    )
+
+
+
+@dataclass(slots=True)
+class Counted:
+    """One image as counted before the call."""
+
+    where: str
+    tokens: int
+    width: int | None = None  # None: remote image of unknown size (counted at the ceiling)
+    height: int | None = None
+    how: str = "header"  # header | fetched | ceiling
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"where": self.where, "tokens": self.tokens, "width": self.width, "height": self.height,
+                "how": self.how}
+
+
+@dataclass(frozen=True, slots=True)
+class PixelBounds:
+    """The ``min_pixels``/``max_pixels`` an engine resizes each image into (``None``: the model default)."""
+
+    min_pixels: int | None
+    max_pixels: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCap:
+    """One limit on the request's visual tokens: per request, or what is left of a period budget."""
+
+    tokens: int  # the most the request may use under this limit
+    limit_name: str
+    limit: Limit[int]
+    status: int  # 400 for a per-request limit, 429 for a period budget
+    headers: Mapping[str, str]
+    what: str  # how a refusal names the limit
+
+    @classmethod
+    def per_request(cls, limit: Limit[int], who: str) -> TokenCap:
+        return cls(limit.value, "vision.max_visual_tokens_per_request", limit, 400, {},
+                   f"the limit of {limit.value} visual tokens per request for {who}")
+
+
+def engine_bounds(data: Mapping[str, Any], gs: GroupVisionSettings) -> PixelBounds:
+    """The pixel bounds the engine will use: the group's, or the client's own ``mm_processor_kwargs``."""
+    lo, hi = gs.min_pixels, gs.max_pixels
+    client = data.get("mm_processor_kwargs")
+    if gs.family in ENGINE_RESIZABLE and isinstance(client, Mapping):
+        # The engine honours the client's values, so count with them (a client cannot hide tokens).
+        for name in ("min_pixels", "max_pixels"):
+            v = client.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise PolicyViolation(400, f"mm_processor_kwargs.{name} must be a positive integer, got {v!r}",
+                                      limit_name=f"vision.mm_processor_kwargs.{name}", value=v,
+                                      source="request")
+        lo = client.get("min_pixels", lo)
+        hi = client.get("max_pixels", hi)
+    return PixelBounds(lo, hi)
+
+
+def image_tokens(gs: GroupVisionSettings, w: int, h: int, detail: str | None, b: PixelBounds, where: str) -> int:
+    """Visual tokens of one ``w`` x ``h`` image within the bounds ``b`` (400 image.corrupt if unusable)."""
+    try:
+        return visual_tokens(gs.family, w, h, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
+                             detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
+    except ValueError as exc:
+        raise ImageError.of("corrupt", where, f"{w}x{h} image cannot be used with {gs.family}: {exc}") from None
+
+
+def ceiling_tokens(gs: GroupVisionSettings, detail: str | None, b: PixelBounds, where: str) -> int:
+    """The most visual tokens an image of unknown size can become (400 image.invalid_url if unbounded)."""
+    top = max_visual_tokens(gs.family, min_pixels=b.min_pixels, max_pixels=b.max_pixels,
+                            detail=detail or gs.detail, tokens_per_image=gs.tokens_per_image)
+    if top is None:
+        top = gs.remote_image_tokens
+    if top is None:
+        raise ImageError.of(
+            "invalid_url", where,
+            f"remote image URLs cannot be counted for family {gs.family} (no size ceiling); send the image "
+            "inline as a data: URL, or set remote_image_tokens in the group's vision config",
+        )
+    return top
+
+
+def tokens_of(c: Counted, gs: GroupVisionSettings, b: PixelBounds) -> int:
+    """What one counted image becomes within ``b``: its size's count, or the ceiling when unmeasured."""
+    if c.width is None or c.height is None:
+        return ceiling_tokens(gs, c.detail, b, c.where)
+    return image_tokens(gs, c.width, c.height, c.detail, b, c.where)
+
+
+def total_at(counted: Sequence[Counted], gs: GroupVisionSettings, b: PixelBounds, max_pixels: int) -> int:
+    """The request's visual tokens if the engine resized every image to at most ``max_pixels``."""
+    at = PixelBounds(b.min_pixels, max_pixels)
+    return sum(tokens_of(c, gs, at) for c in counted)
+
+
+def fit_max_pixels(counted: Sequence[Counted], gs: GroupVisionSettings, b: PixelBounds, cap_tokens: int | None,
+                   cap_pixels: int | None) -> int | None:
+    """Largest max_pixels whose token total fits ``cap_tokens`` (and ≤ ``cap_pixels``), or None if none does."""
+    grid = QWEN_GRIDS[gs.family]
+    lo = b.min_pixels if b.min_pixels is not None else grid.min_pixels
+    hi = b.max_pixels if b.max_pixels is not None else grid.max_pixels
+    if cap_pixels is not None:
+        hi = min(hi, cap_pixels)
+    lo = max(lo, grid.factor * grid.factor)
+    if hi < lo:
+        return None
+    if cap_tokens is None or total_at(counted, gs, b, hi) <= cap_tokens:
+        return hi
+    if total_at(counted, gs, b, lo) > cap_tokens:
+        return None
+    # Token totals grow with max_pixels: bisect for the largest value that fits.
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if total_at(counted, gs, b, mid) <= cap_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def recount(counted: Sequence[Counted], gs: GroupVisionSettings, b: PixelBounds, max_pixels: int) -> int:
+    """Count every image again as the engine will see it at ``max_pixels``; the new total."""
+    at = PixelBounds(b.min_pixels, max_pixels)
+    for c in counted:
+        c.tokens = tokens_of(c, gs, at)
+    return sum(c.tokens for c in counted)
