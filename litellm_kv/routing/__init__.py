@@ -9,7 +9,6 @@ from litellm_kv.routing.cost import (
     CostConfig,
     CostModel,
     Decision,
-    max_hit_blocks,
     replica_load,
 )
 from litellm_kv.routing.load import (
@@ -33,6 +32,5 @@ __all__ = [
     "SiblingConfig",
     "SiblingIndex",
     "TrackedLoad",
-    "max_hit_blocks",
     "replica_load",
 ]

@@ -30,15 +30,9 @@ from typing import Literal
 
 from litellm_kv.config import doc
 from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.vllm.hashing import max_hit_blocks
 
 Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
-
-
-def max_hit_blocks(prompt_tokens: int, block_size: int) -> int:
-    """vLLM recomputes the last prompt token for logits: at most ⌊(L−1)/bs⌋ blocks can hit."""
-    if prompt_tokens <= 0 or block_size <= 0:
-        return 0
-    return (prompt_tokens - 1) // block_size
 
 
 @dataclass(slots=True)
