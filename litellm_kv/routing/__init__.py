@@ -8,7 +8,7 @@ from litellm_kv.routing.cost import (
     Candidate,
     CostConfig,
     CostModel,
-    Decision,
+    RoutingDecision,
     replica_load,
 )
 from litellm_kv.routing.load import (
@@ -24,11 +24,11 @@ __all__ = [
     "Candidate",
     "CostConfig",
     "CostModel",
-    "Decision",
     "InMemoryLoadTracker",
     "LoadConfig",
     "LoadTracker",
     "RedisLoadTracker",
+    "RoutingDecision",
     "SiblingConfig",
     "SiblingIndex",
     "TrackedLoad",

@@ -15,7 +15,7 @@ from typing import Any
 from litellm_kv.index.base import KVIndex, ReplicaMatch
 from litellm_kv.index.redis import ScriptRider
 from litellm_kv.observability import counter, histogram
-from litellm_kv.routing.cost import Candidate, CostModel, Decision
+from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.vllm.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
@@ -135,7 +135,7 @@ class KVRouter:
             self._candidate(r, matches.get(r, ReplicaMatch()), load_map.get(r), gauges.get(r), sib.get(r, 0))
             for r in candidates
         ]
-        d: Decision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
+        d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
         if hashes:
             self.siblings.record(d.replica, hashes)
         DECISIONS.labels(self.group, d.reason).inc()
