@@ -403,7 +403,7 @@ class KVRoutingHandler(Handler):
                 by_replica.setdefault(replica_id(api_base), d)
         # A replica whose engine does not answer (not started yet, crashed) is left out while others are
         # up; LiteLLM's cooldown would only learn it from a failed attempt.
-        down = {r for r, st in g.fleet.replicas.items() if not st.ready and st.error.startswith("metrics")}
+        down = {r for r, st in g.fleet.replicas.items() if not st.reachable}
         if len(down & by_replica.keys()) < len(by_replica):
             for r in down:
                 by_replica.pop(r, None)
