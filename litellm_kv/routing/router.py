@@ -12,8 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from litellm_kv.index.base import KVIndex, ReplicaMatch
-from litellm_kv.index.redis import ScriptRider
+from litellm_kv.index.base import KVIndex, ReplicaMatch, RidingLookup, ScriptRider
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
 from litellm_kv.routing.load import TrackedLoad
@@ -89,6 +88,8 @@ class KVRouter:
         self.cost = cost
         self.siblings = siblings
         self.backend = backend
+        # Checked once: an index that can carry the load read in its lookup's round trip.
+        self.riding: RidingLookup | None = index if isinstance(index, RidingLookup) else None
 
     async def decide(
         self,
@@ -102,9 +103,9 @@ class KVRouter:
         load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
     ) -> RoutingResult:
         """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible.
-        With ``load_rider`` (shared mode) and an index that can carry it, the load is read in the lookup's
-        own round trip instead and ``loads`` is not read; when that round trip fails, the rider's fallback
-        value is used (the Redis load tracker's: this proxy's own counts)."""
+        With ``load_rider`` (shared mode) and an index that can carry it (:class:`RidingLookup`), the load is
+        read in the lookup's own round trip instead and ``loads`` is not read; when that round trip fails,
+        the rider's fallback value is used (the Redis load tracker's: this proxy's own counts)."""
         L = len(request.token_ids)
         if not candidates:
             raise ValueError("no candidate replicas")
@@ -122,7 +123,7 @@ class KVRouter:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
             return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
-        if load_rider is not None and hashes and hasattr(self.index, "lookup_riding"):
+        if load_rider is not None and hashes and self.riding is not None:
             matches, ridden = await self._lookup(hashes, candidates, load_rider)
             load_map = ridden if ridden is not None else load_rider.fallback()
         else:
@@ -164,14 +165,13 @@ class KVRouter:
         self, hashes: list[int], candidates: Sequence[str], rider: ScriptRider[Any] | None = None,
     ) -> tuple[dict[str, ReplicaMatch] | None, Any]:
         """The index's matches, or None when the index cannot answer (the caller routes by load); with a
-        rider (the index then has ``lookup_riding``), the rider's value too (None on failure)."""
+        rider (only given when the index is a :class:`RidingLookup`), the rider's value too (None on failure)."""
         if not hashes:
             return {}, None
         t0 = time.perf_counter()
         try:
-            if rider is not None:
-                matches, ridden = await self.index.lookup_riding(  # type: ignore[attr-defined]
-                    self.group, hashes, list(candidates), rider)
+            if rider is not None and self.riding is not None:
+                matches, ridden = await self.riding.lookup_riding(self.group, hashes, list(candidates), rider)
             else:
                 matches, ridden = await self.index.lookup(self.group, hashes, list(candidates)), None
         except Exception:
@@ -193,6 +193,7 @@ class KVRouter:
         d = self.cost.least_loaded(cands, reason="fallback")
         return RoutingResult(replica=d.replica, reason="fallback", predicted_hit_tokens=0,
                              prompt_tokens=len(request.token_ids), exact=False, fallback_why=why)
+
 
 
 async def _read(

@@ -78,6 +78,15 @@ def test_index_failure_is_a_load_only_choice() -> None:
     assert res.fallback_why == "index_unavailable" and res.replica in R
 
 
+def test_the_riding_lookup_is_a_declared_capability_of_the_redis_index() -> None:
+    from litellm_kv.index.base import RidingLookup
+    from litellm_kv.index.redis import RedisIndex
+
+    redis_index = RedisIndex("redis://127.0.0.1:1/0")  # never contacted
+    assert KVRouter(G, redis_index, CostModel(), SiblingIndex()).riding is redis_index
+    assert not isinstance(InMemoryIndex(), RidingLookup) and _router(InMemoryIndex()).riding is None
+
+
 def test_routes_older_than_the_inflight_ttl_release_their_load() -> None:
     settings = Settings(model_groups={G: ModelGroupSettings(routing="kv", kv={"inflight_ttl_s": 5.0})})
     handler = KVRoutingHandler(settings)
