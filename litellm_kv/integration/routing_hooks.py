@@ -604,12 +604,12 @@ class KVRoutingHandler(Handler):
         tokens, path = await g.tokens(body)
         hasher = g.fleet.hasher()
         candidates = list(g.fleet.replicas)
-        loads = await _safe_snapshot(g, candidates)
         gauges = {r: EngineGauges(st.waiting, st.running, st.kv_usage) for r, st in g.fleet.replicas.items()}
         # The same request facts as a real call (LoRA adapter, salt, media), or the answer would not be its.
         rreq, unknown = _routing_request(g, _group_deployments(group), body, tokens)
         result = await g.router.decide(
-            rreq, hasher, candidates, loads, gauges, not_exact_why=(g.fleet.not_exact_why and "not_exact") or unknown,
+            rreq, hasher, candidates, lambda: _safe_snapshot(g, candidates), gauges,
+            not_exact_why=(g.fleet.not_exact_why and "not_exact") or unknown,
         )
         out = asdict(result)
         out.pop("wire_hashes", None)

@@ -45,6 +45,11 @@ LOOKUP_SECONDS = histogram(
 )
 
 
+LoadRead = Callable[[], Awaitable[Mapping[str, TrackedLoad]]]
+"""Reads the router-tracked load of the candidates when called: as late as possible, so that concurrent
+decisions see each other's load."""
+
+
 @dataclass(slots=True)
 class RoutingRequest:
     """What the router needs to know about one request."""
@@ -96,16 +101,16 @@ class KVRouter:
         request: RoutingRequest,
         hasher: BlockHasher | None,
         candidates: Sequence[str],
-        loads: Mapping[str, TrackedLoad] | Callable[[], Awaitable[Mapping[str, TrackedLoad]]],
+        loads: LoadRead,
         gauges: dict[str, EngineGauges],
         *,
         not_exact_why: str = "",
         load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
     ) -> RoutingResult:
-        """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible.
-        With ``load_rider`` (shared mode) and an index that can carry it (:class:`RidingLookup`), the load is
-        read in the lookup's own round trip instead and ``loads`` is not read; when that round trip fails,
-        the rider's fallback value is used (the Redis load tracker's: this proxy's own counts)."""
+        """Choose a replica. ``loads`` is called as late as possible. With ``load_rider`` (shared mode) and
+        an index that can carry it (:class:`RidingLookup`), the load is read in the lookup's own round trip
+        instead and ``loads`` is not called; when that round trip fails, the rider's fallback value is used
+        (the Redis load tracker's: this proxy's own counts)."""
         L = len(request.token_ids)
         if not candidates:
             raise ValueError("no candidate replicas")
@@ -117,17 +122,17 @@ class KVRouter:
         if not why and request.skip_prefix_cache:
             why = "skip_prefix_cache"
         if why:
-            return self._load_only(request, candidates, await _read(loads), gauges, why)
+            return self._load_only(request, candidates, await loads(), gauges, why)
         assert hasher is not None
         try:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
-            return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
+            return self._load_only(request, candidates, await loads(), gauges, "not_exact")
         if load_rider is not None and hashes and self.riding is not None:
             matches, ridden = await self._lookup(hashes, candidates, load_rider)
             load_map = ridden if ridden is not None else load_rider.fallback()
         else:
-            load_map = await _read(loads)
+            load_map = await loads()
             matches, _ = await self._lookup(hashes, candidates)
         if matches is None:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
@@ -194,9 +199,3 @@ class KVRouter:
         return RoutingResult(replica=d.replica, reason="fallback", predicted_hit_tokens=0,
                              prompt_tokens=len(request.token_ids), exact=False, fallback_why=why)
 
-
-
-async def _read(
-    loads: Mapping[str, TrackedLoad] | Callable[[], Awaitable[Mapping[str, TrackedLoad]]],
-) -> Mapping[str, TrackedLoad]:
-    return await loads() if callable(loads) else loads

@@ -14,6 +14,7 @@ from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
 from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group, _Route
 from litellm_kv.routing.cost import CostModel
+from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.router import FALLBACKS, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.vllm.hashing import BlockHasher
@@ -30,7 +31,10 @@ def _router(index: InMemoryIndex) -> KVRouter:
 
 def _decide(router: KVRouter, req: RoutingRequest, hasher: BlockHasher | None = HASHER,
             why: str = "") -> RoutingResult:
-    return asyncio.run(router.decide(req, hasher, R, {}, {}, not_exact_why=why))
+    async def no_load() -> dict[str, TrackedLoad]:
+        return {}
+
+    return asyncio.run(router.decide(req, hasher, R, no_load, {}, not_exact_why=why))
 
 
 def _store(index: InMemoryIndex, replica: str, hashes: Sequence[int]) -> None:
