@@ -1,7 +1,8 @@
 """Replica choice for KV-routed model groups: cost model, sibling prediction, load tracking.
 
-Domain code: no LiteLLM imports. The integration layer (``litellm_kv.integration.routing_hooks``)
-feeds it index matches, load snapshots and engine gauges and applies the decision.
+Domain code: no LiteLLM imports. :class:`~litellm_kv.routing.group.KVGroup` is one model group's runtime
+and decision; the integration layer (``litellm_kv.integration.routing_hooks``) hands it each request as
+plain values and applies the result.
 """
 
 from litellm_kv.routing.cost import (

@@ -1,8 +1,9 @@
 """One routing decision: tokens → block hashes → one index round trip → cost → replica.
 
-Pure of LiteLLM: the integration layer hands in token ids and candidate replica ids and gets a
-:class:`RoutingResult` back. Every reason the prediction could be wrong is checked here and turns
-the decision into a load-only one with a named reason (never a wrong prediction presented as exact).
+Pure of LiteLLM: :class:`~litellm_kv.routing.group.KVGroup` hands in token ids and candidate replica ids
+and gets a :class:`RoutingResult` back, with the reason KVGroup found already (``not_exact_why``). Every
+other reason the prediction could be wrong is checked here; each turns the decision into a load-only one
+with a named reason (never a wrong prediction presented as exact).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class RoutingResult:
     hit_tokens: dict[str, int] = field(default_factory=dict)
     exact: bool = True
     fallback_why: str = ""
+    tokenizer: str = "none"  # which path produced the token ids: local, engine, none (set by KVGroup.decide)
 
 
 class KVRouter:

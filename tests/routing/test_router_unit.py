@@ -12,8 +12,9 @@ import pytest
 from litellm_kv.config import ModelGroupSettings, Settings
 from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
-from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group, _Route
+from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Route
 from litellm_kv.routing.cost import CostModel
+from litellm_kv.routing.group import KVGroup
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.router import FALLBACKS, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
@@ -91,12 +92,28 @@ def test_the_riding_lookup_is_a_declared_capability_of_the_redis_index() -> None
     assert not isinstance(InMemoryIndex(), RidingLookup) and _router(InMemoryIndex()).riding is None
 
 
+def test_the_group_names_a_request_it_cannot_tokenize() -> None:
+    """KVGroup.decide finds the tokenizer's reason itself: not a chat request, or no replica to tokenize with."""
+    from litellm_kv.routing.group import ChatRequest
+    from litellm_kv.routing.options import KVRoutingOptions
+
+    async def run() -> list[RoutingResult]:
+        g = KVGroup(G, KVRoutingOptions(), InMemoryIndex(), None, True, "memory")
+        return [await g.decide(ChatRequest(messages=None), R),
+                await g.decide(ChatRequest(messages=[{"role": "user", "content": "hi"}]), R)]
+
+    before = FALLBACKS.labels(G, "tokenize_failed")._value.get()
+    for res in asyncio.run(run()):
+        assert res.fallback_why == "tokenize_failed" and res.tokenizer == "none" and res.replica in R
+    assert FALLBACKS.labels(G, "tokenize_failed")._value.get() == before + 2
+
+
 def test_routes_older_than_the_inflight_ttl_release_their_load() -> None:
     settings = Settings(model_groups={G: ModelGroupSettings(routing="kv", kv={"inflight_ttl_s": 5.0})})
     handler = KVRoutingHandler(settings)
 
     async def run() -> tuple[int, int]:
-        g = _Group(G, handler.options[G], InMemoryIndex(), None, True, "memory")
+        g = KVGroup(G, handler.options[G], InMemoryIndex(), None, True, "memory")
         handler.groups[G] = g
         now = time.time()
         result = RoutingResult(replica=R[0], reason="cache", predicted_hit_tokens=0, prompt_tokens=100)
