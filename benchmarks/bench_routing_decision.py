@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
 from litellm_kv.integration.callback import _freeze_startup_heap
-from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group
+from litellm_kv.integration.routing_hooks import KVRoutingHandler
 from litellm_kv.routing.cost import CostConfig, CostModel
 from litellm_kv.routing.fleet import ReplicaState, replica_id
+from litellm_kv.routing.group import KVGroup
 from litellm_kv.routing.router import KVRouter
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
@@ -135,7 +136,7 @@ class Bench:
 
             assert h.settings.redis_url
             h.index = RedisIndex(h.settings.redis_url)
-        g = _Group(GROUP, h.options[GROUP], h.index, h.settings.redis_url, self.backend == "memory", h.backend)
+        g = KVGroup(GROUP, h.options[GROUP], h.index, h.settings.redis_url, self.backend == "memory", h.backend)
         for d, rid in zip(self.deployments, self.replicas, strict=True):
             base = d["litellm_params"]["api_base"].removesuffix("/v1")
             g.fleet.replicas[rid] = ReplicaState(rid, d["model_info"]["id"], base, EngineClient(base),
@@ -149,7 +150,7 @@ class Bench:
         h.groups[GROUP] = g
 
     @property
-    def group(self) -> _Group:
+    def group(self) -> KVGroup:
         return self.handler.groups[GROUP]
 
     @property

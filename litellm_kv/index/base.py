@@ -7,14 +7,19 @@ to that form before they reach an index. A block is present on a replica while i
 on some tier is > 0: the engine can hold several physical copies of one hash, each announced
 by its own ``BlockStored`` and evicted by its own ``BlockRemoved`` (vllm-contract.md §9), so a
 set would under-predict.
+
+A backend may also implement :class:`RidingLookup` (the Redis index does): a lookup that carries other
+read-only work in its own round trip. Callers check for it once, with ``isinstance``.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 
 class Tier(enum.IntEnum):
@@ -96,4 +101,35 @@ class KVIndex(Protocol):
 
     async def size(self, group: str | None = None) -> int:
         """Number of (replica, hash) entries held."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class ScriptRider(Generic[T]):
+    """Read-only Lua work that rides along in another script's round trip (:meth:`RidingLookup.lookup_riding`).
+
+    ``lua`` defines ``local function rider(keys, args)`` and returns a Redis reply; ``keys`` must be in the
+    carrying script's cluster slot (start them with :func:`litellm_kv.index.redis.group_key_prefix`);
+    ``decode`` turns the reply into the rider's value, and ``fallback`` gives the value to use when the round
+    trip failed. The same work alone is ``lua + "return rider(KEYS, ARGV)"``.
+    """
+
+    lua: str
+    keys: tuple[str, ...]
+    args: tuple[bytes | str | int | float, ...]
+    decode: Callable[[Any], T]
+    fallback: Callable[[], T]
+
+
+@runtime_checkable
+class RidingLookup(Protocol):
+    """Optional capability of an index: :meth:`KVIndex.lookup` with a :class:`ScriptRider` in the same round
+    trip (the router reads the shared load so: one round trip per decision)."""
+
+    async def lookup_riding(
+        self, group: str, block_hashes: Sequence[int], replicas: Sequence[str] | None, rider: ScriptRider[T]
+    ) -> tuple[dict[str, ReplicaMatch], T]:
+        """What :meth:`KVIndex.lookup` answers, and the rider's decoded reply. Without hashes only the rider
+        runs (the matches are then empty). Raises when the round trip fails (the caller then uses
+        ``rider.fallback()``)."""
         ...

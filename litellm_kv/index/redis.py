@@ -49,16 +49,16 @@ import logging
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from litellm_kv.index.base import BlockOp, ReplicaMatch
+from litellm_kv.index.base import BlockOp, ReplicaMatch, ScriptRider
 from litellm_kv.redis_client import RedisUse, connect
 from litellm_kv.tasks import cancel_and_wait
 
@@ -137,23 +137,6 @@ def group_tag(group: str) -> str:
 def group_key_prefix(group: str) -> str:
     """``lkv:{<group>}:``: every key of a group starts so (one Redis Cluster slot per group)."""
     return f"{KEY_PREFIX}:{{{group_tag(group)}}}:"
-
-
-@dataclass(slots=True, frozen=True)
-class ScriptRider(Generic[T]):
-    """Read-only Lua work that rides along in another script's round trip (:meth:`RedisIndex.lookup_riding`).
-
-    ``lua`` defines ``local function rider(keys, args)`` and returns a Redis reply; ``keys`` must be in the
-    carrying script's cluster slot (start them with :func:`group_key_prefix`); ``decode`` turns the reply
-    into the rider's value, and ``fallback`` gives the value to use when the round trip failed. The same
-    work alone is ``lua + "return rider(KEYS, ARGV)"``.
-    """
-
-    lua: str
-    keys: tuple[str, ...]
-    args: tuple[bytes | str | int | float, ...]
-    decode: Callable[[Any], T]
-    fallback: Callable[[], T]
 
 
 @dataclass(slots=True, frozen=True)
@@ -384,8 +367,8 @@ class RedisIndex:
     async def lookup_riding(
         self, group: str, block_hashes: Sequence[int], replicas: Sequence[str] | None, rider: ScriptRider[T]
     ) -> tuple[dict[str, ReplicaMatch], T]:
-        """:meth:`lookup` and ``rider`` in one script: one round trip for both (the router reads the
-        shared load so). Without hashes only the rider runs."""
+        """:class:`~litellm_kv.index.base.RidingLookup`: :meth:`lookup` and ``rider`` in one script, one
+        round trip for both (the router reads the shared load so). Without hashes only the rider runs."""
         script = self._riding.get(rider.lua)
         if script is None:
             if len(self._riding) >= 8:

@@ -1,10 +1,12 @@
-"""KV-aware replica choice inside the LiteLLM proxy (model groups with ``routing: kv``).
+"""KV-aware replica choice inside the LiteLLM proxy (model groups with ``routing: kv``): the adapter.
 
-Hook by hook:
+The decision is :class:`litellm_kv.routing.group.KVGroup`'s; these hooks turn LiteLLM's request into its
+plain values and apply its result. Hook by hook:
 
 * ``pre_call``: tenant cache isolation (inject a keyed ``cache_salt``).
-* ``filter_deployments``: exact tokens → block hashes → one index lookup → cost → one deployment.
-  Any internal failure → load-only choice and a metric; the request never fails because of us.
+* ``filter_deployments``: the group decides (exact tokens → block hashes → one index lookup → cost) and
+  the chosen replica's deployment is returned. Any internal failure → load-only choice and a metric; the
+  request never fails because of us.
 * ``pre_deployment``: ``vllm_xargs.kv_cache_report_mode = "full"``.
 * ``post_success_deployment`` / streamed usage: predicted vs engine-reported ``cached_tokens``
   (the verification metric), release of the in-flight load.
@@ -13,11 +15,11 @@ Hook by hook:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
 import os
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
@@ -28,29 +30,13 @@ from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
-from litellm_kv.redis_client import RedisUse, connect
-from litellm_kv.routing.cost import CostConfig, CostModel
-from litellm_kv.routing.fleet import Fleet, replica_id
-from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker
+from litellm_kv.routing.fleet import replica_id
+from litellm_kv.routing.group import ChatRequest, KVGroup
 from litellm_kv.routing.options import KVRoutingOptions
-from litellm_kv.routing.router import (
-    DECISION_SECONDS,
-    DECISIONS,
-    EngineGauges,
-    KVRouter,
-    RoutingRequest,
-    RoutingResult,
-)
-from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+from litellm_kv.routing.router import DECISION_SECONDS, RoutingResult
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.hashing import NATIVE_HASHING
-from litellm_kv.vllm.tokenization import (
-    CONTENT_FORMATS,
-    VERIFY_SAMPLES,
-    LocalChatTokenizer,
-    TemplateError,
-    chat_template_kwargs_for,
-)
+from litellm_kv.vllm.tokenization import chat_template_kwargs_for
 
 log = logging.getLogger("litellm_kv")
 
@@ -75,10 +61,6 @@ PREDICTION_ERROR = histogram(
     ["model_group"],
     buckets=(-4096, -512, -64, -1, 0, 1, 64, 512, 4096),
 )
-TOKENIZER_MISMATCH = counter(
-    "tokenizer_mismatches", "Local tokenization differed from the engine's /tokenize (group switched to engine).",
-    ["model_group"],
-)
 
 SHADOW_TOKENS = counter(
     "shadow_tokens",
@@ -86,12 +68,6 @@ SHADOW_TOKENS = counter(
     "would have chosen (would_have_cached), and engine-reported cached tokens on LiteLLM's own choice "
     "(litellm_cached). would_have_cached / prompt vs litellm_cached / prompt is the trial's answer.",
     ["model_group", "kind"],
-)
-LOAD_ERRORS = counter(
-    "load_store_errors",
-    "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
-    "this proxy's own counts and the scraped engine gauges, and failed writes are retried.",
-    ["model_group"],
 )
 
 _CALLS_KEPT = 20_000
@@ -108,173 +84,6 @@ class _Route:
     released: bool = False
     first_token: bool = False
     verified: bool = False
-
-
-class _Group:
-    """Runtime of one KV-routed model group."""
-
-    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
-                 embedded: bool, backend: str) -> None:
-        self.name = name
-        self.options = options
-        self.fleet = Fleet(name, options, index, embedded=embedded)
-        where = f"litellm_kv.model_groups.{name}.kv"
-        cost_cfg = parse_section(CostConfig, options.cost, f"{where}.cost")
-        sib = parse_section(SiblingConfig, options.siblings, f"{where}.siblings")
-        load_cfg = parse_section(LoadConfig, options.load, f"{where}.load")
-        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(sib.ttl_s, sib.max_entries),
-                               backend=backend)
-        self.load: LoadTracker
-        if embedded:
-            self.load = InMemoryLoadTracker(load_cfg)
-        else:
-            client = connect(str(redis_url), RedisUse.LOAD)
-            self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc())
-        self._heartbeat: asyncio.Task[None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self.tokenizer: LocalChatTokenizer | None = None
-        self.tokenizer_state = "engine"
-        self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
-        self._candidate_tokenizer: LocalChatTokenizer | None = None
-        self._spot_checks: set[asyncio.Task[None]] = set()
-        self.deployment_ids: frozenset[str] = frozenset()
-        self.sync_lock = asyncio.Lock()
-        self.requests = 0
-
-    def start(self) -> None:
-        self.fleet.start()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._membership()))
-        beat = getattr(self.load, "heartbeat", None)
-        if beat is not None and self._heartbeat is None:
-            ttl = float(getattr(getattr(self.load, "cfg", None), "ttl_s", 30.0))
-            self._heartbeat = loop.create_task(self._beat(beat, ttl / 3))
-
-    async def _membership(self) -> None:
-        """Follow the router's model list (deployments added or removed by a config reload)."""
-        while True:
-            await asyncio.sleep(self.options.discovery_interval_s)
-            deps = _group_deployments(self.name)
-            if deps:
-                try:
-                    await self.sync(deps)
-                    if self.verify_pending:  # no replica was ready to verify against, or it failed to answer
-                        await self._verify_local_tokenizer()
-                except Exception:
-                    log.exception("litellm-kv: %s: membership sync failed", self.name)
-
-    async def _beat(self, beat: Any, every: float) -> None:
-        """Shared mode: renew this proxy's in-flight counts in Redis (a dead proxy's counts fade)."""
-        while True:
-            try:
-                await beat([self.name])
-            except Exception:
-                LOAD_ERRORS.labels(self.name).inc()
-            await asyncio.sleep(every)
-
-    async def stop(self) -> None:
-        for task in [*self._tasks, self._heartbeat]:
-            if task is not None:
-                task.cancel()
-        if isinstance(self.load, RedisLoadTracker):
-            await self.load.close()
-        await self.fleet.stop()
-
-    async def sync(self, deployments: list[dict[str, Any]]) -> None:
-        ids = frozenset(str((d.get("model_info") or {}).get("id")) for d in deployments)
-        if ids == self.deployment_ids:
-            return
-        async with self.sync_lock:
-            if ids == self.deployment_ids:
-                return
-            await self.fleet.sync(deployments)
-            self.deployment_ids = ids
-            if self.tokenizer is None and self.options.tokenizer != "engine" and self.options.tokenizer_path:
-                await self._verify_local_tokenizer()
-
-    async def _verify_local_tokenizer(self) -> None:
-        assert self.options.tokenizer_path
-        self.verify_pending = False
-        if self._candidate_tokenizer is None:  # loaded once, however often verification is retried
-            try:
-                self._candidate_tokenizer = LocalChatTokenizer(self.options.tokenizer_path,
-                                                               fast_bpe=self.options.fast_bpe)
-            except Exception as exc:
-                self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
-                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
-                return
-        tok = self._candidate_tokenizer
-        client = self._any_client()
-        if client is None:
-            self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
-            self.verify_pending = True
-            return
-        try:
-            wanted = [await client.tokenize_chat(s["messages"], tools=s.get("tools")) for s in VERIFY_SAMPLES]
-        except Exception as exc:
-            self.tokenizer_state = f"engine (verification failed: {exc}; retrying)"
-            self.verify_pending = True
-            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
-            return
-        for fmt in CONTENT_FORMATS:
-            tok.content_format = fmt
-            try:
-                ok = all(
-                    tok.chat_tokens(s["messages"], s.get("tools")) == w
-                    for s, w in zip(VERIFY_SAMPLES, wanted, strict=True)
-                )
-            except TemplateError:
-                ok = False
-            if ok:
-                self.tokenizer = tok
-                self.tokenizer_state = f"local (verified, {fmt} content, fast BPE {tok.fast_bpe_state})"
-                log.info("litellm-kv: %s tokenizes locally (verified against /tokenize; fast BPE %s)",
-                         self.name, tok.fast_bpe_state)
-                return
-        TOKENIZER_MISMATCH.labels(self.name).inc()
-        self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"
-        log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
-
-    def _any_client(self) -> Any:
-        ready = [st for st in self.fleet.replicas.values() if st.ready]
-        return random.choice(ready).client if ready else None
-
-    async def tokens(self, req: Mapping[str, Any]) -> tuple[list[int], str]:
-        """Prompt token ids of a chat request, and which path produced them."""
-        messages = list(req.get("messages") or [])
-        tools = req.get("tools") or None
-        kwargs = chat_template_kwargs_for(req)
-        add_gen = not bool(req.get("continue_final_message"))
-        if self.tokenizer is not None and self.options.tokenizer != "engine":
-            try:
-                ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
-                self.requests += 1
-                if self.options.verify_every and self.requests % self.options.verify_every == 0:
-                    spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
-                return ids, "local"
-            except TemplateError:
-                pass
-        client = self._any_client()
-        if client is None:
-            raise RuntimeError("no ready replica to tokenize with")
-        ids = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
-                                         add_generation_prompt=add_gen)
-        return list(ids), "engine"
-
-    async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
-        client = self._any_client()
-        if client is None:
-            return
-        try:
-            want = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
-                                              add_generation_prompt=add_gen)
-        except Exception:
-            return
-        if list(want) != ids:
-            TOKENIZER_MISMATCH.labels(self.name).inc()
-            self.tokenizer = None
-            self.tokenizer_state = "engine (local tokenizer disagreed with /tokenize on a live request)"
-            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
 
 
 def _usage_get(obj: Any, *path: str) -> Any:
@@ -319,7 +128,7 @@ class KVRoutingHandler(Handler):
         for name, g in settings.model_groups.items():
             if g.routing == "kv":
                 self.options[name] = parse_section(KVRoutingOptions, g.kv, f"litellm_kv.model_groups.{name}.kv")
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, KVGroup] = {}
         self.index: KVIndex | None = None
         self.routes: OrderedDict[str, _Route] = OrderedDict()
         self.backend = "memory" if settings.mode == "embedded" else "redis"
@@ -344,7 +153,8 @@ class KVRoutingHandler(Handler):
 
             self.index = RedisIndex(self.settings.redis_url)
         for name, opts in self.options.items():
-            self.groups[name] = _Group(name, opts, self.index, self.settings.redis_url, embedded, self.backend)
+            self.groups[name] = KVGroup(name, opts, self.index, self.settings.redis_url, embedded, self.backend,
+                                        members=functools.partial(_group_deployments, name))
         for name, g in self.groups.items():
             deps = _group_deployments(name)
             if deps:
@@ -401,41 +211,12 @@ class KVRoutingHandler(Handler):
             api_base = (d.get("litellm_params") or {}).get("api_base")
             if api_base:
                 by_replica.setdefault(replica_id(api_base), d)
-        # A replica whose engine does not answer (not started yet, crashed) is left out while others are
-        # up; LiteLLM's cooldown would only learn it from a failed attempt.
-        down = {r for r, st in g.fleet.replicas.items() if not st.ready and st.error.startswith("metrics")}
-        if len(down & by_replica.keys()) < len(by_replica):
-            for r in down:
-                by_replica.pop(r, None)
         if not by_replica:
             return None
         req = dict(request_kwargs)
         if messages is not None:
             req["messages"] = messages
-        candidates = list(by_replica)
-        path = "none"
-        try:
-            if req.get("messages") is None:
-                raise RuntimeError("not a chat request")
-            tokens, path = await g.tokens(req)
-        except Exception as exc:
-            log.debug("litellm-kv: %s: tokenize failed: %s", model_group, exc)
-            tokens = []
-            why = "tokenize_failed"
-        else:
-            why = g.fleet.not_exact_why and "not_exact"
-        rreq, unknown = _routing_request(g, deployments, req, tokens)
-        why = why or unknown
-        # Load is read after tokenizing (in shared mode in the index lookup's round trip), never before:
-        # concurrent requests must see each other's load (a snapshot taken before tokenizing sent a burst
-        # on one hot prefix to one replica).
-        gauges = {
-            r: EngineGauges(st.waiting, st.running, st.kv_usage)
-            for r, st in g.fleet.replicas.items() if r in by_replica
-        }
-        rider = g.load.snapshot_rider(g.name, candidates) if isinstance(g.load, RedisLoadTracker) else None
-        result = await g.router.decide(rreq, g.fleet.hasher(), candidates, lambda: _safe_snapshot(g, candidates),
-                                       gauges, not_exact_why=why, load_rider=rider)
+        result = await g.decide(_chat_request(req, deployments), g.reachable(list(by_replica)))
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
         cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
@@ -449,15 +230,10 @@ class KVRoutingHandler(Handler):
                 result.predicted_hit_tokens, "prompt_tokens": result.prompt_tokens, "shadow": g.options.shadow,
                 "fallback": result.fallback_why or None,
             }
-        if g.options.shadow:
-            DECISIONS.labels(model_group, "shadow").inc()
-            DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
-            return None
-        # Counted in process at once; in shared mode published to Redis in the background (RedisLoadTracker).
-        await _safe_load(g, g.load.begin(model_group, result.replica, cid,
-                                         max(0, result.prompt_tokens - result.predicted_hit_tokens)))
-        DECISION_SECONDS.labels(model_group, path).observe(time.perf_counter() - t0)
-        return [chosen]
+        await g.begin(result, cid)
+        DECISION_SECONDS.labels(model_group, result.tokenizer).observe(time.perf_counter() - t0)
+        # Shadow mode: the decision is recorded, LiteLLM routes as it would have.
+        return None if g.options.shadow else [chosen]
 
     def _remember(self, cid: str, route: _Route) -> None:
         self.routes[cid] = route
@@ -471,7 +247,7 @@ class KVRoutingHandler(Handler):
             g = self.groups.get(old.group)
             if g is not None and not old.released and not old.shadow:
                 # Never saw its end (lost callback): stop counting its load.
-                self._spawn(_safe_load(g, g.load.end(old_cid)))
+                self._spawn(g.end(old_cid))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, holding a reference until it is done."""
@@ -547,7 +323,7 @@ class KVRoutingHandler(Handler):
             route.released = True
             g = self.groups.get(route.group)
             if g is not None and not route.shadow:
-                await _safe_load(g, g.load.end(cid))
+                await g.end(cid)
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):
@@ -563,7 +339,7 @@ class KVRoutingHandler(Handler):
             route.first_token = True
             g = self.groups.get(route.group)
             if g is not None:
-                await _safe_load(g, g.load.first_token(cid))
+                await g.first_token(cid)
         usage = _usage_get(chunk, "usage")
         if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
@@ -601,54 +377,31 @@ class KVRoutingHandler(Handler):
         g = self.groups.get(group)
         if g is None:
             return {"error": f"model group {group!r} is not KV-routed"}
-        tokens, path = await g.tokens(body)
-        hasher = g.fleet.hasher()
-        candidates = list(g.fleet.replicas)
-        loads = await _safe_snapshot(g, candidates)
-        gauges = {r: EngineGauges(st.waiting, st.running, st.kv_usage) for r, st in g.fleet.replicas.items()}
         # The same request facts as a real call (LoRA adapter, salt, media), or the answer would not be its.
-        rreq, unknown = _routing_request(g, _group_deployments(group), body, tokens)
-        result = await g.router.decide(
-            rreq, hasher, candidates, loads, gauges, not_exact_why=(g.fleet.not_exact_why and "not_exact") or unknown,
-        )
+        result = await g.decide(_chat_request(body, _group_deployments(group)), list(g.fleet.replicas))
+        hasher = g.fleet.hasher()
         out = asdict(result)
         out.pop("wire_hashes", None)
-        out["tokenizer"] = path
         out["block_size"] = hasher.block_size if hasher else None
         return out
 
 
-async def _safe_snapshot(g: _Group, candidates: list[str]) -> Mapping[str, Any]:
-    """Router-tracked load; when the shared store (Redis) is down, this proxy's own counts and the
-    scraped gauges."""
-    try:
-        return await g.load.snapshot(g.name, candidates)
-    except Exception:
-        LOAD_ERRORS.labels(g.name).inc()
-        return g.load.local_snapshot(g.name, candidates)
-
-
-async def _safe_load(g: _Group, op: Any) -> None:
-    try:
-        await op
-    except Exception:
-        LOAD_ERRORS.labels(g.name).inc()
-
-
-def _routing_request(g: _Group, deployments: Sequence[Mapping[str, Any]], req: Mapping[str, Any],
-                     tokens: list[int]) -> tuple[RoutingRequest, str]:
-    """The facts of a request that decide the engine's block hashes, and why it cannot be hashed exactly
-    ("" when it can): the served model's LoRA adapter (name and path), the cache salt, media, prompt logprobs."""
+def _chat_request(req: Mapping[str, Any], deployments: Sequence[Mapping[str, Any]]) -> ChatRequest:
+    """LiteLLM's request dict as the facts that decide the engine's block hashes: the prompt as the chat
+    template renders it, the served model (a LoRA adapter's name and path), the cache salt, media, prompt
+    logprobs."""
+    messages = req.get("messages")
     litellm_model = str((deployments[0].get("litellm_params") or {}).get("model", "")) if deployments else ""
-    lora, why = g.fleet.adapter(litellm_model) if litellm_model else (None, "")
-    rreq = RoutingRequest(
-        token_ids=tokens,
-        lora=lora,
+    return ChatRequest(
+        messages=None if messages is None else list(messages),
+        tools=req.get("tools") or None,
+        chat_template_kwargs=chat_template_kwargs_for(req),
+        add_generation_prompt=not bool(req.get("continue_final_message")),
+        model=litellm_model,
         cache_salt=req.get("cache_salt"),
-        has_unhashable_media=_has_media(req.get("messages") or []),
+        has_unhashable_media=_has_media(messages or []),
         skip_prefix_cache=req.get("prompt_logprobs") is not None,
     )
-    return rreq, why
 
 
 def _group_deployments(group: str) -> list[dict[str, Any]]:

@@ -1,15 +1,15 @@
 """Replica choice for KV-routed model groups: cost model, sibling prediction, load tracking.
 
-Domain code: no LiteLLM imports. The integration layer (``litellm_kv.integration.routing_hooks``)
-feeds it index matches, load snapshots and engine gauges and applies the decision.
+Domain code: no LiteLLM imports. :class:`~litellm_kv.routing.group.KVGroup` is one model group's runtime
+and decision; the integration layer (``litellm_kv.integration.routing_hooks``) hands it each request as
+plain values and applies the result.
 """
 
 from litellm_kv.routing.cost import (
     Candidate,
     CostConfig,
     CostModel,
-    Decision,
-    max_hit_blocks,
+    RoutingDecision,
     replica_load,
 )
 from litellm_kv.routing.load import (
@@ -25,14 +25,13 @@ __all__ = [
     "Candidate",
     "CostConfig",
     "CostModel",
-    "Decision",
     "InMemoryLoadTracker",
     "LoadConfig",
     "LoadTracker",
     "RedisLoadTracker",
+    "RoutingDecision",
     "SiblingConfig",
     "SiblingIndex",
     "TrackedLoad",
-    "max_hit_blocks",
     "replica_load",
 ]

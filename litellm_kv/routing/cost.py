@@ -30,15 +30,9 @@ from typing import Literal
 
 from litellm_kv.config import doc
 from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.vllm.hashing import max_hit_blocks
 
 Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
-
-
-def max_hit_blocks(prompt_tokens: int, block_size: int) -> int:
-    """vLLM recomputes the last prompt token for logits: at most ⌊(L−1)/bs⌋ blocks can hit."""
-    if prompt_tokens <= 0 or block_size <= 0:
-        return 0
-    return (prompt_tokens - 1) // block_size
 
 
 @dataclass(slots=True)
@@ -149,7 +143,7 @@ class Candidate:
 
 
 @dataclass(slots=True)
-class Decision:
+class RoutingDecision:
     replica: str
     reason: Reason
     predicted_hit_tokens: int
@@ -203,15 +197,15 @@ class CostModel:
         self.cfg = cfg or CostConfig()
         self._rng = random.Random(seed)
 
-    def least_loaded(self, candidates: Sequence[Candidate], reason: Reason = "fallback") -> Decision:
+    def least_loaded(self, candidates: Sequence[Candidate], reason: Reason = "fallback") -> RoutingDecision:
         """Load-only choice: the cheap path for unique prefixes and the fallback when the index
         or tokenizer fails."""
         if not candidates:
             raise ValueError("no candidates")
         loads = {c.replica: replica_load(self.cfg, c) for c in candidates}
-        return Decision(self._argmin(loads), reason, 0, loads)
+        return RoutingDecision(self._argmin(loads), reason, 0, loads)
 
-    def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate]) -> Decision:
+    def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate]) -> RoutingDecision:
         if not candidates:
             raise ValueError("no candidates")
         cfg = self.cfg
@@ -259,7 +253,7 @@ class CostModel:
             if excess > cfg.imbalance_abs_tokens and loads[chosen] > cfg.imbalance_ratio * floor:
                 chosen = self._argmin(loads)
                 reason = "imbalance"
-        return Decision(chosen, reason, hits.get(chosen, 0), costs, hits)
+        return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits)
 
     def _argmin(self, values: dict[str, float]) -> str:
         best = min(values.values())

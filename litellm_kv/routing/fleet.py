@@ -60,6 +60,7 @@ class ReplicaState:
     kv_usage: float | None = None
     last_scrape: float = 0.0
     ready: bool = False
+    reachable: bool = True  # False while its /metrics does not answer (engine not started yet, crashed)
     error: str = ""
     not_exact: str = ""
     prompt_details_missing: bool = False
@@ -140,6 +141,7 @@ class Fleet:
             await self._scrape(st)
         except Exception as exc:
             st.error = f"metrics unreachable: {exc}"
+            st.reachable = False
             st.ready = False
             REPLICA_READY.labels(self.group, st.replica).set(0)
             return
@@ -191,6 +193,7 @@ class Fleet:
         st.running = m.running
         st.kv_usage = m.kv_usage
         st.last_scrape = time.time()
+        st.reachable = True
         if self.embedded:
             await self.index.heartbeat(self.group, st.replica, self.options.heartbeat_ttl_s)
 
@@ -207,6 +210,7 @@ class Fleet:
                     except Exception as exc:
                         # Engine down: leave it out of the choice until it answers again (retried below).
                         st.error = f"metrics unreachable: {exc}"
+                        st.reachable = False
                         st.ready = False
                         REPLICA_READY.labels(self.group, st.replica).set(0)
                 elif now - last_retry >= self.options.discovery_interval_s:

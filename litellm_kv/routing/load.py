@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from litellm_kv.config import doc
-from litellm_kv.index.redis import ScriptRider, group_key_prefix
+from litellm_kv.index.base import ScriptRider
+from litellm_kv.index.redis import group_key_prefix
 from litellm_kv.tasks import cancel_and_wait
 
 
@@ -373,7 +374,7 @@ class RedisLoadTracker:
         return self._own.snapshot_sync(group, replicas)
 
     def snapshot_rider(self, group: str, replicas: Sequence[str]) -> ScriptRider[Mapping[str, TrackedLoad]]:
-        """The snapshot as Lua that rides along with the index lookup (:meth:`RedisIndex.lookup_riding`)."""
+        """The snapshot as Lua that rides along with the index lookup (:meth:`RidingLookup.lookup_riding`)."""
         return ScriptRider(_SNAPSHOT_RIDER, self._keys(group), (self.cfg.recent_half_life_s, self.proxy_id),
                            lambda raw: self._merge(group, replicas, raw), lambda: self.local_snapshot(group, replicas))
 

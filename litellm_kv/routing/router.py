@@ -1,8 +1,9 @@
 """One routing decision: tokens → block hashes → one index round trip → cost → replica.
 
-Pure of LiteLLM: the integration layer hands in token ids and candidate replica ids and gets a
-:class:`RoutingResult` back. Every reason the prediction could be wrong is checked here and turns
-the decision into a load-only one with a named reason (never a wrong prediction presented as exact).
+Pure of LiteLLM: :class:`~litellm_kv.routing.group.KVGroup` hands in token ids and candidate replica ids
+and gets a :class:`RoutingResult` back, with the reason KVGroup found already (``not_exact_why``). Every
+other reason the prediction could be wrong is checked here; each turns the decision into a load-only one
+with a named reason (never a wrong prediction presented as exact).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from litellm_kv.index.base import KVIndex, ReplicaMatch
-from litellm_kv.index.redis import ScriptRider
+from litellm_kv.index.base import KVIndex, ReplicaMatch, RidingLookup, ScriptRider
 from litellm_kv.observability import counter, histogram
-from litellm_kv.routing.cost import Candidate, CostModel, Decision
+from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.vllm.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
@@ -44,6 +44,11 @@ LOOKUP_SECONDS = histogram(
     ["model_group", "backend"],
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25),
 )
+
+
+LoadRead = Callable[[], Awaitable[Mapping[str, TrackedLoad]]]
+"""Reads the router-tracked load of the candidates when called: as late as possible, so that concurrent
+decisions see each other's load."""
 
 
 @dataclass(slots=True)
@@ -77,6 +82,7 @@ class RoutingResult:
     hit_tokens: dict[str, int] = field(default_factory=dict)
     exact: bool = True
     fallback_why: str = ""
+    tokenizer: str = "none"  # which path produced the token ids: local, engine, none (set by KVGroup.decide)
 
 
 class KVRouter:
@@ -89,22 +95,24 @@ class KVRouter:
         self.cost = cost
         self.siblings = siblings
         self.backend = backend
+        # Checked once: an index that can carry the load read in its lookup's round trip.
+        self.riding: RidingLookup | None = index if isinstance(index, RidingLookup) else None
 
     async def decide(
         self,
         request: RoutingRequest,
         hasher: BlockHasher | None,
         candidates: Sequence[str],
-        loads: Mapping[str, TrackedLoad] | Callable[[], Awaitable[Mapping[str, TrackedLoad]]],
+        loads: LoadRead,
         gauges: dict[str, EngineGauges],
         *,
         not_exact_why: str = "",
         load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
     ) -> RoutingResult:
-        """Choose a replica. ``loads`` may be a coroutine function: it is then read as late as possible.
-        With ``load_rider`` (shared mode) and an index that can carry it, the load is read in the lookup's
-        own round trip instead and ``loads`` is not read; when that round trip fails, the rider's fallback
-        value is used (the Redis load tracker's: this proxy's own counts)."""
+        """Choose a replica. ``loads`` is called as late as possible. With ``load_rider`` (shared mode) and
+        an index that can carry it (:class:`RidingLookup`), the load is read in the lookup's own round trip
+        instead and ``loads`` is not called; when that round trip fails, the rider's fallback value is used
+        (the Redis load tracker's: this proxy's own counts)."""
         L = len(request.token_ids)
         if not candidates:
             raise ValueError("no candidate replicas")
@@ -116,17 +124,17 @@ class KVRouter:
         if not why and request.skip_prefix_cache:
             why = "skip_prefix_cache"
         if why:
-            return self._load_only(request, candidates, await _read(loads), gauges, why)
+            return self._load_only(request, candidates, await loads(), gauges, why)
         assert hasher is not None
         try:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
-            return self._load_only(request, candidates, await _read(loads), gauges, "not_exact")
-        if load_rider is not None and hashes and hasattr(self.index, "lookup_riding"):
+            return self._load_only(request, candidates, await loads(), gauges, "not_exact")
+        if load_rider is not None and hashes and self.riding is not None:
             matches, ridden = await self._lookup(hashes, candidates, load_rider)
             load_map = ridden if ridden is not None else load_rider.fallback()
         else:
-            load_map = await _read(loads)
+            load_map = await loads()
             matches, _ = await self._lookup(hashes, candidates)
         if matches is None:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
@@ -135,7 +143,7 @@ class KVRouter:
             self._candidate(r, matches.get(r, ReplicaMatch()), load_map.get(r), gauges.get(r), sib.get(r, 0))
             for r in candidates
         ]
-        d: Decision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
+        d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
         if hashes:
             self.siblings.record(d.replica, hashes)
         DECISIONS.labels(self.group, d.reason).inc()
@@ -164,14 +172,13 @@ class KVRouter:
         self, hashes: list[int], candidates: Sequence[str], rider: ScriptRider[Any] | None = None,
     ) -> tuple[dict[str, ReplicaMatch] | None, Any]:
         """The index's matches, or None when the index cannot answer (the caller routes by load); with a
-        rider (the index then has ``lookup_riding``), the rider's value too (None on failure)."""
+        rider (only given when the index is a :class:`RidingLookup`), the rider's value too (None on failure)."""
         if not hashes:
             return {}, None
         t0 = time.perf_counter()
         try:
-            if rider is not None:
-                matches, ridden = await self.index.lookup_riding(  # type: ignore[attr-defined]
-                    self.group, hashes, list(candidates), rider)
+            if rider is not None and self.riding is not None:
+                matches, ridden = await self.riding.lookup_riding(self.group, hashes, list(candidates), rider)
             else:
                 matches, ridden = await self.index.lookup(self.group, hashes, list(candidates)), None
         except Exception:
@@ -194,8 +201,3 @@ class KVRouter:
         return RoutingResult(replica=d.replica, reason="fallback", predicted_hit_tokens=0,
                              prompt_tokens=len(request.token_ids), exact=False, fallback_why=why)
 
-
-async def _read(
-    loads: Mapping[str, TrackedLoad] | Callable[[], Awaitable[Mapping[str, TrackedLoad]]],
-) -> Mapping[str, TrackedLoad]:
-    return await loads() if callable(loads) else loads

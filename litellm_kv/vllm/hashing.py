@@ -106,8 +106,10 @@ def resolve_none_hash_seed(algo: str, hash_seed: str | None) -> str | None:
 
 
 def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
-    """Most blocks a prompt can hit: vLLM recomputes the last token for logits (§4)."""
-    if num_prompt_tokens <= 1:
+    """Most blocks a prompt can hit: vLLM recomputes the last token for logits (§4), so at most
+    ⌊(L−1)/bs⌋. An empty prompt or a block size that is not positive can hit nothing (and must not
+    divide by zero or count negative blocks)."""
+    if num_prompt_tokens <= 1 or block_size <= 0:
         return 0
     return (num_prompt_tokens - 1) // block_size
 

@@ -9,7 +9,8 @@ import pytest
 from litellm_kv.config import parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.index.base import ReplicaMatch
-from litellm_kv.routing.cost import Candidate, CostConfig, CostModel, max_hit_blocks
+from litellm_kv.routing.cost import Candidate, CostConfig, CostModel
+from litellm_kv.vllm.hashing import max_hit_blocks
 
 BS = 16
 

@@ -12,8 +12,10 @@ import pytest
 from litellm_kv.config import ModelGroupSettings, Settings
 from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
-from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Group, _Route
+from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Route
 from litellm_kv.routing.cost import CostModel
+from litellm_kv.routing.group import KVGroup
+from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.router import FALLBACKS, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.vllm.hashing import BlockHasher
@@ -30,7 +32,10 @@ def _router(index: InMemoryIndex) -> KVRouter:
 
 def _decide(router: KVRouter, req: RoutingRequest, hasher: BlockHasher | None = HASHER,
             why: str = "") -> RoutingResult:
-    return asyncio.run(router.decide(req, hasher, R, {}, {}, not_exact_why=why))
+    async def no_load() -> dict[str, TrackedLoad]:
+        return {}
+
+    return asyncio.run(router.decide(req, hasher, R, no_load, {}, not_exact_why=why))
 
 
 def _store(index: InMemoryIndex, replica: str, hashes: Sequence[int]) -> None:
@@ -78,12 +83,37 @@ def test_index_failure_is_a_load_only_choice() -> None:
     assert res.fallback_why == "index_unavailable" and res.replica in R
 
 
+def test_the_riding_lookup_is_a_declared_capability_of_the_redis_index() -> None:
+    from litellm_kv.index.base import RidingLookup
+    from litellm_kv.index.redis import RedisIndex
+
+    redis_index = RedisIndex("redis://127.0.0.1:1/0")  # never contacted
+    assert KVRouter(G, redis_index, CostModel(), SiblingIndex()).riding is redis_index
+    assert not isinstance(InMemoryIndex(), RidingLookup) and _router(InMemoryIndex()).riding is None
+
+
+def test_the_group_names_a_request_it_cannot_tokenize() -> None:
+    """KVGroup.decide finds the tokenizer's reason itself: not a chat request, or no replica to tokenize with."""
+    from litellm_kv.routing.group import ChatRequest
+    from litellm_kv.routing.options import KVRoutingOptions
+
+    async def run() -> list[RoutingResult]:
+        g = KVGroup(G, KVRoutingOptions(), InMemoryIndex(), None, True, "memory")
+        return [await g.decide(ChatRequest(messages=None), R),
+                await g.decide(ChatRequest(messages=[{"role": "user", "content": "hi"}]), R)]
+
+    before = FALLBACKS.labels(G, "tokenize_failed")._value.get()
+    for res in asyncio.run(run()):
+        assert res.fallback_why == "tokenize_failed" and res.tokenizer == "none" and res.replica in R
+    assert FALLBACKS.labels(G, "tokenize_failed")._value.get() == before + 2
+
+
 def test_routes_older_than_the_inflight_ttl_release_their_load() -> None:
     settings = Settings(model_groups={G: ModelGroupSettings(routing="kv", kv={"inflight_ttl_s": 5.0})})
     handler = KVRoutingHandler(settings)
 
     async def run() -> tuple[int, int]:
-        g = _Group(G, handler.options[G], InMemoryIndex(), None, True, "memory")
+        g = KVGroup(G, handler.options[G], InMemoryIndex(), None, True, "memory")
         handler.groups[G] = g
         now = time.time()
         result = RoutingResult(replica=R[0], reason="cache", predicted_hit_tokens=0, prompt_tokens=100)

@@ -1,0 +1,319 @@
+"""The runtime of one KV-routed model group, and its whole routing decision.
+
+A :class:`KVGroup` holds what deciding for one group needs: the fleet of replicas (engine facts, load
+gauges, exactness), the tokenizer (local once verified against the engine's ``/tokenize``, spot-checked
+while it serves; else the engine's), the router-tracked load (in process, or shared through Redis) and
+the :class:`~litellm_kv.routing.router.KVRouter`. :meth:`KVGroup.decide` takes a request as plain values
+(:class:`ChatRequest`) and names every reason the prediction cannot be exact in the one
+:class:`~litellm_kv.routing.router.RoutingResult` it returns.
+
+Domain code: no LiteLLM imports. The adapter (``litellm_kv.integration.routing_hooks``) turns LiteLLM's
+request into a :class:`ChatRequest`, hands in the router's deployment list, and applies the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from litellm_kv.config import parse_section
+from litellm_kv.index.base import KVIndex
+from litellm_kv.observability import counter
+from litellm_kv.redis_client import RedisUse, connect
+from litellm_kv.routing.cost import CostConfig, CostModel
+from litellm_kv.routing.fleet import Fleet
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker, TrackedLoad
+from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.routing.router import DECISIONS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+from litellm_kv.tasks import spawn_held
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.tokenization import CONTENT_FORMATS, VERIFY_SAMPLES, LocalChatTokenizer, TemplateError
+
+log = logging.getLogger("litellm_kv")
+
+TOKENIZER_MISMATCH = counter(
+    "tokenizer_mismatches", "Local tokenization differed from the engine's /tokenize (group switched to engine).",
+    ["model_group"],
+)
+LOAD_ERRORS = counter(
+    "load_store_errors",
+    "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
+    "this proxy's own counts and the scraped engine gauges, and failed writes are retried.",
+    ["model_group"],
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ChatRequest:
+    """The facts of one chat request that decide its prompt tokens and block hashes, as plain values."""
+
+    messages: Sequence[Mapping[str, Any]] | None  # None: not a chat request (routed by load)
+    tools: Sequence[Mapping[str, Any]] | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # as the engine derives them
+    add_generation_prompt: bool = True  # False when the client continues the final message
+    model: str = ""  # the deployment's LiteLLM model string: its served name may be a LoRA adapter
+    cache_salt: str | None = None
+    has_unhashable_media: bool = False  # images whose engine identifiers cannot be computed
+    skip_prefix_cache: bool = False  # prompt_logprobs: the engine will not read the cache
+
+
+def _no_members() -> list[dict[str, Any]]:
+    return []
+
+
+class KVGroup:
+    """Runtime of one KV-routed model group."""
+
+    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
+                 embedded: bool, backend: str, *,
+                 members: Callable[[], list[dict[str, Any]]] = _no_members) -> None:
+        """``members`` returns the group's deployments as the LiteLLM router lists them now (followed every
+        ``discovery_interval_s``, so a config reload adds and removes replicas)."""
+        self.name = name
+        self.options = options
+        self.fleet = Fleet(name, options, index, embedded=embedded)
+        where = f"litellm_kv.model_groups.{name}.kv"
+        cost_cfg = parse_section(CostConfig, options.cost, f"{where}.cost")
+        sib = parse_section(SiblingConfig, options.siblings, f"{where}.siblings")
+        load_cfg = parse_section(LoadConfig, options.load, f"{where}.load")
+        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(sib.ttl_s, sib.max_entries),
+                               backend=backend)
+        self.load: LoadTracker
+        if embedded:
+            self.load = InMemoryLoadTracker(load_cfg)
+        else:
+            client = connect(str(redis_url), RedisUse.LOAD)
+            self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc())
+        self._members = members
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.tokenizer: LocalChatTokenizer | None = None
+        self.tokenizer_state = "engine"
+        self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
+        self._candidate_tokenizer: LocalChatTokenizer | None = None
+        self._spot_checks: set[asyncio.Task[None]] = set()
+        self.deployment_ids: frozenset[str] = frozenset()
+        self.sync_lock = asyncio.Lock()
+        self.requests = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.fleet.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._membership()))
+        if isinstance(self.load, RedisLoadTracker) and self._heartbeat is None:
+            self._heartbeat = loop.create_task(self._beat(self.load, self.load.cfg.ttl_s / 3))
+
+    async def _membership(self) -> None:
+        """Follow the router's model list (deployments added or removed by a config reload)."""
+        while True:
+            await asyncio.sleep(self.options.discovery_interval_s)
+            deps = self._members()
+            if deps:
+                try:
+                    await self.sync(deps)
+                    if self.verify_pending:  # no replica was ready to verify against, or it failed to answer
+                        await self._verify_local_tokenizer()
+                except Exception:
+                    log.exception("litellm-kv: %s: membership sync failed", self.name)
+
+    async def _beat(self, tracker: RedisLoadTracker, every: float) -> None:
+        """Shared mode: renew this proxy's in-flight counts in Redis (a dead proxy's counts fade)."""
+        while True:
+            try:
+                await tracker.heartbeat([self.name])
+            except Exception:
+                LOAD_ERRORS.labels(self.name).inc()
+            await asyncio.sleep(every)
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, self._heartbeat]:
+            if task is not None:
+                task.cancel()
+        if isinstance(self.load, RedisLoadTracker):
+            await self.load.close()
+        await self.fleet.stop()
+
+    async def sync(self, deployments: list[dict[str, Any]]) -> None:
+        ids = frozenset(str((d.get("model_info") or {}).get("id")) for d in deployments)
+        if ids == self.deployment_ids:
+            return
+        async with self.sync_lock:
+            if ids == self.deployment_ids:
+                return
+            await self.fleet.sync(deployments)
+            self.deployment_ids = ids
+            if self.tokenizer is None and self.options.tokenizer != "engine" and self.options.tokenizer_path:
+                await self._verify_local_tokenizer()
+
+    # -- tokenizer ---------------------------------------------------------------------------------
+    async def _verify_local_tokenizer(self) -> None:
+        assert self.options.tokenizer_path
+        self.verify_pending = False
+        if self._candidate_tokenizer is None:  # loaded once, however often verification is retried
+            try:
+                self._candidate_tokenizer = LocalChatTokenizer(self.options.tokenizer_path,
+                                                               fast_bpe=self.options.fast_bpe)
+            except Exception as exc:
+                self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
+                log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+                return
+        tok = self._candidate_tokenizer
+        client = self._any_client()
+        if client is None:
+            self.tokenizer_state = "engine (no replica to verify the local tokenizer against yet)"
+            self.verify_pending = True
+            return
+        try:
+            wanted = [await client.tokenize_chat(s["messages"], tools=s.get("tools")) for s in VERIFY_SAMPLES]
+        except Exception as exc:
+            self.tokenizer_state = f"engine (verification failed: {exc}; retrying)"
+            self.verify_pending = True
+            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+            return
+        for fmt in CONTENT_FORMATS:
+            tok.content_format = fmt
+            try:
+                ok = all(
+                    tok.chat_tokens(s["messages"], s.get("tools")) == w
+                    for s, w in zip(VERIFY_SAMPLES, wanted, strict=True)
+                )
+            except TemplateError:
+                ok = False
+            if ok:
+                self.tokenizer = tok
+                self.tokenizer_state = f"local (verified, {fmt} content, fast BPE {tok.fast_bpe_state})"
+                log.info("litellm-kv: %s tokenizes locally (verified against /tokenize; fast BPE %s)",
+                         self.name, tok.fast_bpe_state)
+                return
+        TOKENIZER_MISMATCH.labels(self.name).inc()
+        self.tokenizer_state = "engine (local tokenizer disagrees with /tokenize on start-up samples)"
+        log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+
+    def _any_client(self) -> EngineClient | None:
+        ready = [st for st in self.fleet.replicas.values() if st.ready]
+        return random.choice(ready).client if ready else None
+
+    async def tokens(self, request: ChatRequest) -> tuple[list[int], str]:
+        """Prompt token ids of a chat request, and which path produced them."""
+        messages = list(request.messages or [])
+        tools = request.tools
+        kwargs = request.chat_template_kwargs
+        add_gen = request.add_generation_prompt
+        if self.tokenizer is not None and self.options.tokenizer != "engine":
+            try:
+                ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
+                self.requests += 1
+                if self.options.verify_every and self.requests % self.options.verify_every == 0:
+                    spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
+                return ids, "local"
+            except TemplateError:
+                pass
+        client = self._any_client()
+        if client is None:
+            raise RuntimeError("no ready replica to tokenize with")
+        ids = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
+                                         add_generation_prompt=add_gen)
+        return list(ids), "engine"
+
+    async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
+        client = self._any_client()
+        if client is None:
+            return
+        try:
+            want = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
+                                              add_generation_prompt=add_gen)
+        except Exception:
+            return
+        if list(want) != ids:
+            TOKENIZER_MISMATCH.labels(self.name).inc()
+            self.tokenizer = None
+            self.tokenizer_state = "engine (local tokenizer disagreed with /tokenize on a live request)"
+            log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
+
+    # -- the decision ------------------------------------------------------------------------------
+    def reachable(self, replicas: Sequence[str]) -> list[str]:
+        """``replicas`` less those whose engine does not answer (not started yet, crashed), unless none
+        answers: LiteLLM's cooldown would only learn it from a failed attempt."""
+        down = {r for r, st in self.fleet.replicas.items() if not st.reachable}
+        if len(down.intersection(replicas)) < len(replicas):
+            return [r for r in replicas if r not in down]
+        return list(replicas)
+
+    async def decide(self, request: ChatRequest, candidates: Sequence[str]) -> RoutingResult:
+        """Choose among ``candidates`` (replica ids) for one request. A prediction that could be wrong is
+        never presented as exact: the result is load-only and names why (``tokenize_failed``, ``not_exact``
+        and ``unknown_model`` are found here, the reasons of the hashes and the index by
+        :meth:`KVRouter.decide`)."""
+        candidates = list(candidates)
+        path = "none"
+        try:
+            if request.messages is None:
+                raise RuntimeError("not a chat request")
+            tokens, path = await self.tokens(request)
+        except Exception as exc:
+            log.debug("litellm-kv: %s: tokenize failed: %s", self.name, exc)
+            tokens = []
+            why = "tokenize_failed"
+        else:
+            why = self.fleet.not_exact_why and "not_exact"
+        lora, unknown = self.fleet.adapter(request.model) if request.model else (None, "")
+        why = why or unknown
+        rreq = RoutingRequest(
+            token_ids=tokens,
+            lora=lora,
+            cache_salt=request.cache_salt,
+            has_unhashable_media=request.has_unhashable_media,
+            skip_prefix_cache=request.skip_prefix_cache,
+        )
+        # Load is read after tokenizing (in shared mode in the index lookup's round trip), never before:
+        # concurrent requests must see each other's load (a snapshot taken before tokenizing sent a burst
+        # on one hot prefix to one replica).
+        wanted = set(candidates)
+        gauges = {
+            r: EngineGauges(st.waiting, st.running, st.kv_usage)
+            for r, st in self.fleet.replicas.items() if r in wanted
+        }
+        rider = self.load.snapshot_rider(self.name, candidates) if isinstance(self.load, RedisLoadTracker) else None
+        result = await self.router.decide(rreq, self.fleet.hasher(), candidates, lambda: self.read_load(candidates),
+                                          gauges, not_exact_why=why, load_rider=rider)
+        result.tokenizer = path
+        return result
+
+    # -- router-tracked load -----------------------------------------------------------------------
+    async def read_load(self, candidates: Sequence[str]) -> Mapping[str, TrackedLoad]:
+        """Router-tracked load; when the shared store (Redis) is down, this proxy's own counts (the
+        decision still has the scraped gauges)."""
+        try:
+            return await self.load.snapshot(self.name, candidates)
+        except Exception:
+            LOAD_ERRORS.labels(self.name).inc()
+            return self.load.local_snapshot(self.name, candidates)
+
+    async def begin(self, result: RoutingResult, request_id: str) -> None:
+        """The request goes to ``result.replica``: count its uncached prompt tokens there from now on. In
+        shadow mode only the decision is recorded (LiteLLM routes, so nothing is counted)."""
+        if self.options.shadow:
+            DECISIONS.labels(self.name, "shadow").inc()
+            return
+        # Counted in process at once; in shared mode published to Redis in the background (RedisLoadTracker).
+        prefill = max(0, result.prompt_tokens - result.predicted_hit_tokens)
+        await self._guarded(self.load.begin(self.name, result.replica, request_id, prefill))
+
+    async def first_token(self, request_id: str) -> None:
+        await self._guarded(self.load.first_token(request_id))
+
+    async def end(self, request_id: str) -> None:
+        await self._guarded(self.load.end(request_id))
+
+    async def _guarded(self, op: Awaitable[None]) -> None:
+        # A load store that fails must not fail the request: count it and go on.
+        try:
+            await op
+        except Exception:
+            LOAD_ERRORS.labels(self.name).inc()
