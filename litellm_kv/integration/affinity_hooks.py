@@ -17,6 +17,7 @@ from typing import Any
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.integration.hooks import Handler
+from litellm_kv.integration.litellm_data import deployment_id, previous_deployment_ids
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity import (
     AffinityOptions,
@@ -64,28 +65,12 @@ def _deployment_failure(exc: BaseException) -> bool:
 
 def _failed_ids(request_kwargs: Mapping[str, Any]) -> frozenset[str]:
     """Deployments that already failed this request (LiteLLM's retry bookkeeping)."""
-    ids: set[str] = set()
-    for bucket in ("metadata", "litellm_metadata"):
-        md = request_kwargs.get(bucket)
-        if not isinstance(md, Mapping):
-            continue
-        for record in md.get("previous_models") or []:
-            if isinstance(record, Mapping) and isinstance(record.get("deployment_id"), str):
-                ids.add(record["deployment_id"])
+    ids = previous_deployment_ids(request_kwargs)
     for name in ("_excluded_deployment_ids", "_retry_skipped_deployment_ids"):
         value = request_kwargs.get(name)
         if isinstance(value, list | tuple | set | frozenset):
             ids.update(str(v) for v in value)
     return frozenset(ids)
-
-
-def _deployment_id(data: Mapping[str, Any]) -> str | None:
-    info = data.get("model_info")
-    if not isinstance(info, Mapping):
-        md = data.get("metadata")
-        info = md.get("model_info") if isinstance(md, Mapping) else None
-    dep = info.get("id") if isinstance(info, Mapping) else None
-    return str(dep) if dep is not None else None
 
 
 class AffinityHandler(Handler):
@@ -214,7 +199,7 @@ class AffinityHandler(Handler):
 
     # -- load -----------------------------------------------------------------------------------
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
-        dep = _deployment_id(kwargs)
+        dep = deployment_id(kwargs)
         call_id = kwargs.get("litellm_call_id")
         if dep is not None and call_id:
             self.load.start(str(call_id), DeploymentId(dep))
@@ -225,7 +210,7 @@ class AffinityHandler(Handler):
 
     async def post_failure_deployment(self, request_data: Mapping[str, Any], exception: Exception) -> None:
         self.load.finish(str(request_data.get("litellm_call_id")))
-        dep = _deployment_id(request_data)
+        dep = deployment_id(request_data)
         if dep is not None and _deployment_failure(exception):
             self.load.failed(DeploymentId(dep))
 

@@ -66,6 +66,53 @@ def call_id(data: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
+def routed_call_id(data: Mapping[str, Any]) -> str | None:
+    """The call id in any hook of a routed call: top level, else the request metadata (where LiteLLM
+    and the kv handler copy it), else ``litellm_params`` (deployment-level hooks)."""
+    cid = call_id(data)
+    if cid:
+        return cid
+    md = request_metadata(data)
+    for key in ("litellm_call_id", "litellm_kv_call_id"):
+        if md.get(key):
+            return str(md[key])
+    lp = data.get("litellm_params")
+    if isinstance(lp, Mapping) and lp.get("litellm_call_id"):
+        return str(lp["litellm_call_id"])
+    return None
+
+
+def deployment_model_groups(kwargs: Mapping[str, Any]) -> list[str]:
+    """The model-group names a deployment-level call carries, most specific first: ``kwargs["model_group"]``
+    and its metadata's ``model_group`` (they differ when the client named an alias)."""
+    md = kwargs.get("metadata")
+    names = [kwargs.get("model_group"), md.get("model_group") if isinstance(md, Mapping) else None]
+    return [str(n) for n in names if n]
+
+
+def deployment_id(data: Mapping[str, Any]) -> str | None:
+    """The LiteLLM deployment id (``model_info.id``) a call went to, from the call or its metadata."""
+    info = data.get("model_info")
+    if not isinstance(info, Mapping):
+        md = data.get("metadata")
+        info = md.get("model_info") if isinstance(md, Mapping) else None
+    dep = info.get("id") if isinstance(info, Mapping) else None
+    return str(dep) if dep is not None else None
+
+
+def previous_deployment_ids(data: Mapping[str, Any]) -> set[str]:
+    """Deployments LiteLLM's retry bookkeeping (``metadata.previous_models``) says this call already tried."""
+    ids: set[str] = set()
+    for bucket in METADATA_FIELDS:
+        md = data.get(bucket)
+        if not isinstance(md, Mapping):
+            continue
+        for record in md.get("previous_models") or []:
+            if isinstance(record, Mapping) and isinstance(record.get("deployment_id"), str):
+                ids.add(record["deployment_id"])
+    return ids
+
+
 # -- the request metadata ---------------------------------------------------------------------------
 def request_metadata(data: Mapping[str, Any]) -> dict[str, Any]:
     """The request's metadata dict as LiteLLM passes it to router-level hooks."""
@@ -153,6 +200,13 @@ def field(obj: Any, name: str) -> Any:
     if obj is None:
         return None
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def dig(obj: Any, *path: str) -> Any:
+    """:func:`field` along a path (``dig(usage, "prompt_tokens_details", "cached_tokens")``)."""
+    for name in path:
+        obj = field(obj, name)
+    return obj
 
 
 def usage_of(response: Any) -> Any:

@@ -29,6 +29,14 @@ from typing import Any
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.litellm_data import (
+    deployment_model_groups,
+    dig,
+    field,
+    request_metadata,
+    routed_call_id,
+    usage_of,
+)
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.group import ChatRequest, KVGroup
@@ -86,14 +94,6 @@ class _Route:
     verified: bool = False
 
 
-def _usage_get(obj: Any, *path: str) -> Any:
-    for name in path:
-        if obj is None:
-            return None
-        obj = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-    return obj
-
-
 def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
     for m in messages:
         content = m.get("content")
@@ -102,21 +102,6 @@ def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
         ):
             return True
     return False
-
-
-def _call_id(data: Mapping[str, Any]) -> str | None:
-    cid = data.get("litellm_call_id")
-    if cid:
-        return str(cid)
-    md = data.get("metadata") or data.get("litellm_metadata") or {}
-    if isinstance(md, Mapping):
-        for key in ("litellm_call_id", "litellm_kv_call_id"):
-            if md.get(key):
-                return str(md[key])
-    lp = data.get("litellm_params") or {}
-    if isinstance(lp, Mapping) and lp.get("litellm_call_id"):
-        return str(lp["litellm_call_id"])
-    return None
 
 
 class KVRoutingHandler(Handler):
@@ -219,7 +204,7 @@ class KVRoutingHandler(Handler):
         result = await g.decide(_chat_request(req, deployments), g.reachable(list(by_replica)))
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
-        cid = _call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
+        cid = routed_call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
         route = _Route(model_group, result.replica, dep_id, result, g.options.shadow, time.time())
         self._remember(cid, route)
         md = request_kwargs.get("metadata")
@@ -254,10 +239,9 @@ class KVRoutingHandler(Handler):
         spawn_held(self._tasks, work)
 
     def _route_of(self, data: Mapping[str, Any]) -> tuple[str, _Route] | None:
-        cid = _call_id(data)
+        cid = routed_call_id(data)
         if cid is None or cid not in self.routes:
-            md = data.get("metadata") or data.get("litellm_metadata") or {}
-            cid = md.get("litellm_kv_call_id") if isinstance(md, Mapping) else None
+            cid = request_metadata(data).get("litellm_kv_call_id")
         if cid is None:
             return None
         r = self.routes.get(cid)
@@ -265,11 +249,7 @@ class KVRoutingHandler(Handler):
 
     # -- per-deployment fields -------------------------------------------------------------------
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
-        group = str(kwargs.get("model_group") or _usage_get(kwargs, "metadata", "model_group") or "")
-        opts = self.options.get(group)
-        if opts is None:
-            md = kwargs.get("metadata") or {}
-            opts = self.options.get(str(md.get("model_group", ""))) if isinstance(md, Mapping) else None
+        opts = next((self.options[g] for g in deployment_model_groups(kwargs) if g in self.options), None)
         if opts is None or not opts.report_mode_full:
             return
         xargs = dict(kwargs.get("vllm_xargs") or {})
@@ -284,14 +264,14 @@ class KVRoutingHandler(Handler):
         group = route.group
         if route.shadow:
             # What routing would have achieved vs what LiteLLM's own choice got (the shadow trial).
-            actual_shadow = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
+            actual_shadow = dig(usage, "prompt_tokens_details", "cached_tokens")
             SHADOW_TOKENS.labels(group, "would_have_cached").inc(route.result.predicted_hit_tokens)
             SHADOW_TOKENS.labels(group, "prompt").inc(route.result.prompt_tokens)
             if actual_shadow is not None:
                 SHADOW_TOKENS.labels(group, "litellm_cached").inc(int(actual_shadow))
             return
         predicted = route.result.predicted_hit_tokens
-        actual = _usage_get(usage, "prompt_tokens_details", "cached_tokens")
+        actual = dig(usage, "prompt_tokens_details", "cached_tokens")
         if actual is None:
             PREDICTION.labels(group, "missing").inc()
             g = self.groups.get(group)
@@ -328,7 +308,7 @@ class KVRoutingHandler(Handler):
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
         if request_data.get("stream"):
             return
-        await self._finish(request_data, _usage_get(response, "usage"))
+        await self._finish(request_data, usage_of(response))
 
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         found = self._route_of(request_data)
@@ -340,8 +320,8 @@ class KVRoutingHandler(Handler):
             g = self.groups.get(route.group)
             if g is not None:
                 await g.first_token(cid)
-        usage = _usage_get(chunk, "usage")
-        if usage is not None and _usage_get(usage, "prompt_tokens") is not None:
+        usage = usage_of(chunk)
+        if usage is not None and field(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
 
     async def post_failure_deployment(self, request_data: Mapping[str, Any], exception: Exception) -> None:
@@ -350,8 +330,8 @@ class KVRoutingHandler(Handler):
     async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
         # Streams: LiteLLM strips the upstream usage chunk before deployment hooks see it, but the
         # logged response carries the assembled usage.
-        usage = _usage_get(response, "usage")
-        if _usage_get(usage, "prompt_tokens") is None:
+        usage = usage_of(response)
+        if field(usage, "prompt_tokens") is None:
             usage = None
         await self._finish(kwargs, usage)
 
