@@ -15,7 +15,7 @@ from pathlib import Path
 
 from litellm_kv.simulator.report import table
 from litellm_kv.simulator.runner import ALL, Slo, knee, run_all
-from litellm_kv.simulator.simulation import SimConfig
+from litellm_kv.simulator.simulation import SimSettings
 from litellm_kv.simulator.workload import load_mooncake, scale_rate
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/conversation_trace.jsonl"
@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--replicas", type=int, default=8)
     a = ap.parse_args()
-    cfg = SimConfig(replicas=a.replicas, block_size=64)
+    cfg = SimSettings(replicas=a.replicas, block_size=64)
     slo = Slo()
     reqs = load_mooncake(a.trace, 64, limit=a.limit)
     speed, points = knee(reqs, cfg, slo, [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0])

@@ -40,18 +40,18 @@ END = "<!-- END GENERATED -->"
 PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.config.Settings": ("proxy", "litellm_kv"),
     "litellm_kv.config.ModelGroupSettings": ("proxy", "litellm_kv.model_groups.<group>"),
-    "litellm_kv.routing.options.KVRoutingOptions": ("proxy", "litellm_kv.model_groups.<group>.kv"),
-    "litellm_kv.routing.cost.CostConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),
-    "litellm_kv.routing.load.LoadConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.load"),
-    "litellm_kv.routing.siblings.SiblingConfig": ("proxy", "litellm_kv.model_groups.<group>.kv.siblings"),
-    "litellm_kv.routing.affinity.options.AffinityOptions": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
+    "litellm_kv.routing.options.KVRoutingSettings": ("proxy", "litellm_kv.model_groups.<group>.kv"),
+    "litellm_kv.routing.cost.CostSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),
+    "litellm_kv.routing.load.LoadSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.load"),
+    "litellm_kv.routing.siblings.SiblingSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.siblings"),
+    "litellm_kv.routing.affinity.options.AffinitySettings": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
     "litellm_kv.governance.reasoning.GroupReasoningSettings": ("proxy", "litellm_kv.model_groups.<group>.reasoning"),
     "litellm_kv.governance.vision_policy.GroupVisionSettings": ("proxy", "litellm_kv.model_groups.<group>.vision"),
     "litellm_kv.governance.vision_policy.FetchSettings": ("proxy", "litellm_kv.model_groups.<group>.vision.fetch"),
     # The indexer file has no top-level key; its errors name options "indexer.<path>", as here.
-    "litellm_kv.services.indexer.config.IndexerConfig": ("indexer", "indexer"),
-    "litellm_kv.services.indexer.config.GroupConfig": ("indexer", "indexer.model_groups.<group>"),
-    "litellm_kv.services.indexer.config.ReplicaConfig": ("indexer", "indexer.model_groups.<group>.replicas[]"),
+    "litellm_kv.services.indexer.config.IndexerSettings": ("indexer", "indexer"),
+    "litellm_kv.services.indexer.config.IndexerGroupSettings": ("indexer", "indexer.model_groups.<group>"),
+    "litellm_kv.services.indexer.config.IndexerReplicaSettings": ("indexer", "indexer.model_groups.<group>.replicas[]"),
     "litellm_kv.simulator.model.ThroughputModel": ("bench", "bench.model"),
 }
 

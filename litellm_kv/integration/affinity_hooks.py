@@ -20,8 +20,8 @@ from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.litellm_data import deployment_id, previous_deployment_ids
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity import (
-    AffinityOptions,
     AffinityRouter,
+    AffinitySettings,
     Clock,
     DeploymentId,
     InFlightCounter,
@@ -91,14 +91,14 @@ class AffinityHandler(Handler):
         return group is not None and group.routing == "affinity"
 
     # -- set-up ---------------------------------------------------------------------------------
-    def options(self, group_name: str) -> AffinityOptions | None:
+    def options(self, group_name: str) -> AffinitySettings | None:
         group = self.settings.group(group_name)
         if not self.enabled_for(group):
             return None
         assert group is not None
-        return parse_section(AffinityOptions, group.affinity, f"litellm_kv.model_groups.{group_name}.affinity")
+        return parse_section(AffinitySettings, group.affinity, f"litellm_kv.model_groups.{group_name}.affinity")
 
-    def _store_for(self, opts: AffinityOptions) -> PinStore:
+    def _store_for(self, opts: AffinitySettings) -> PinStore:
         if self._given_store is not None:
             return self._given_store
         kind = opts.store

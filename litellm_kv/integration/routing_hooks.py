@@ -40,7 +40,7 @@ from litellm_kv.integration.litellm_data import (
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.group import ChatRequest, KVGroup
-from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISION_SECONDS, RoutingResult
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.hashing import NATIVE_HASHING
@@ -109,10 +109,10 @@ class KVRoutingHandler(Handler):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.options: dict[str, KVRoutingOptions] = {}
+        self.options: dict[str, KVRoutingSettings] = {}
         for name, g in settings.model_groups.items():
             if g.routing == "kv":
-                self.options[name] = parse_section(KVRoutingOptions, g.kv, f"litellm_kv.model_groups.{name}.kv")
+                self.options[name] = parse_section(KVRoutingSettings, g.kv, f"litellm_kv.model_groups.{name}.kv")
         self.groups: dict[str, KVGroup] = {}
         self.index: KVIndex | None = None
         self.routes: OrderedDict[str, _Route] = OrderedDict()

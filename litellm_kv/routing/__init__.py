@@ -7,31 +7,31 @@ plain values and applies the result.
 
 from litellm_kv.routing.cost import (
     Candidate,
-    CostConfig,
     CostModel,
+    CostSettings,
     RoutingDecision,
     replica_load,
 )
 from litellm_kv.routing.load import (
     InMemoryLoadTracker,
-    LoadConfig,
+    LoadSettings,
     LoadTracker,
     RedisLoadTracker,
     TrackedLoad,
 )
-from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 
 __all__ = [
     "Candidate",
-    "CostConfig",
     "CostModel",
+    "CostSettings",
     "InMemoryLoadTracker",
-    "LoadConfig",
+    "LoadSettings",
     "LoadTracker",
     "RedisLoadTracker",
     "RoutingDecision",
-    "SiblingConfig",
     "SiblingIndex",
+    "SiblingSettings",
     "TrackedLoad",
     "replica_load",
 ]

@@ -36,7 +36,7 @@ Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
 
 
 @dataclass(slots=True)
-class CostConfig:
+class CostSettings:
     """Cost-model weights of one model group (``model_groups.<g>.kv.cost``)."""
 
     gpu_credit: float = doc("Credit per predicted hit token held in GPU memory.", default=1.0)
@@ -151,7 +151,7 @@ class RoutingDecision:
     hit_tokens: dict[str, int] = field(default_factory=dict)  # replica -> predicted hit tokens
 
 
-def replica_load(cfg: CostConfig, c: Candidate) -> float:
+def replica_load(cfg: CostSettings, c: Candidate) -> float:
     """Work a replica has ahead of a new request, in prefill-token equivalents."""
     prefill = float(c.inflight_prefill_tokens)
     if c.engine_waiting is not None:
@@ -193,8 +193,8 @@ class CostModel:
     """Chooses a replica for a prompt. Pure apart from the random source used for ties and
     temperature sampling (seeded for reproducible simulations)."""
 
-    def __init__(self, cfg: CostConfig | None = None, seed: int | None = None) -> None:
-        self.cfg = cfg or CostConfig()
+    def __init__(self, cfg: CostSettings | None = None, seed: int | None = None) -> None:
+        self.cfg = cfg or CostSettings()
         self._rng = random.Random(seed)
 
     def least_loaded(self, candidates: Sequence[Candidate], reason: Reason = "fallback") -> RoutingDecision:

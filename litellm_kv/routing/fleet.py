@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import gauge
-from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
@@ -90,7 +90,7 @@ class ReplicaState:
 class Fleet:
     """Replicas of one model group, their engine facts and load, and the group's exactness."""
 
-    def __init__(self, group: str, options: KVRoutingOptions, index: KVIndex, *, embedded: bool) -> None:
+    def __init__(self, group: str, options: KVRoutingSettings, index: KVIndex, *, embedded: bool) -> None:
         self.group = group
         self.options = options
         self.index = index

@@ -24,12 +24,12 @@ from litellm_kv.config import parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import counter
 from litellm_kv.redis_client import RedisUse, connect
-from litellm_kv.routing.cost import CostConfig, CostModel
+from litellm_kv.routing.cost import CostModel, CostSettings
 from litellm_kv.routing.fleet import Fleet
-from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, LoadTracker, RedisLoadTracker, TrackedLoad
-from litellm_kv.routing.options import KVRoutingOptions
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
+from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISIONS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
-from litellm_kv.routing.siblings import SiblingConfig, SiblingIndex
+from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.tokenization import CONTENT_FORMATS, VERIFY_SAMPLES, LocalChatTokenizer, TemplateError
@@ -69,7 +69,7 @@ def _no_members() -> list[dict[str, Any]]:
 class KVGroup:
     """Runtime of one KV-routed model group."""
 
-    def __init__(self, name: str, options: KVRoutingOptions, index: KVIndex, redis_url: str | None,
+    def __init__(self, name: str, options: KVRoutingSettings, index: KVIndex, redis_url: str | None,
                  embedded: bool, backend: str, *,
                  members: Callable[[], list[dict[str, Any]]] = _no_members) -> None:
         """``members`` returns the group's deployments as the LiteLLM router lists them now (followed every
@@ -78,9 +78,9 @@ class KVGroup:
         self.options = options
         self.fleet = Fleet(name, options, index, embedded=embedded)
         where = f"litellm_kv.model_groups.{name}.kv"
-        cost_cfg = parse_section(CostConfig, options.cost, f"{where}.cost")
-        sib = parse_section(SiblingConfig, options.siblings, f"{where}.siblings")
-        load_cfg = parse_section(LoadConfig, options.load, f"{where}.load")
+        cost_cfg = parse_section(CostSettings, options.cost, f"{where}.cost")
+        sib = parse_section(SiblingSettings, options.siblings, f"{where}.siblings")
+        load_cfg = parse_section(LoadSettings, options.load, f"{where}.load")
         self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(sib.ttl_s, sib.max_entries),
                                backend=backend)
         self.load: LoadTracker

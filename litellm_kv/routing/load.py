@@ -29,7 +29,7 @@ from litellm_kv.tasks import cancel_and_wait
 
 
 @dataclass(slots=True)
-class LoadConfig:
+class LoadSettings:
     """Load-tracking options (``model_groups.<g>.kv.load``)."""
 
     recent_half_life_s: float = doc(
@@ -108,9 +108,9 @@ class _Decay:
 class InMemoryLoadTracker:
     """Load of one proxy process. ``clock`` is injectable so a simulator can drive it."""
 
-    def __init__(self, cfg: LoadConfig | None = None,
+    def __init__(self, cfg: LoadSettings | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.cfg = cfg or LoadConfig()
+        self.cfg = cfg or LoadSettings()
         self._clock = clock
         self._rate = math.log(2) / max(1e-9, self.cfg.recent_half_life_s)
         self._flights: dict[str, _Flight] = {}
@@ -268,9 +268,9 @@ class RedisLoadTracker:
     Cluster keeps a group in one slot. ``heartbeat`` must be called more often than ``ttl_s``.
     """
 
-    def __init__(self, client: Any, cfg: LoadConfig | None = None, proxy_id: str | None = None, *,
+    def __init__(self, client: Any, cfg: LoadSettings | None = None, proxy_id: str | None = None, *,
                  on_error: Callable[[BaseException], None] | None = None, retry_s: float = 0.5) -> None:
-        self.cfg = cfg or LoadConfig()
+        self.cfg = cfg or LoadSettings()
         self.proxy_id = proxy_id or uuid.uuid4().hex[:12]
         self._client = client
         self._write_script = client.register_script(_WRITE)

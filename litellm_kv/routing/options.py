@@ -12,7 +12,7 @@ HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 
 
 @dataclass(slots=True)
-class KVRoutingOptions:
+class KVRoutingSettings:
     """KV-aware routing of one model group whose deployments are vLLM replicas."""
 
     shadow: bool = doc(

@@ -18,7 +18,7 @@ from litellm_kv.retire import free_some
 
 
 @dataclass(slots=True)
-class SiblingConfig:
+class SiblingSettings:
     """Sibling index options (``model_groups.<g>.kv.siblings``)."""
 
     ttl_s: float = doc("How long a routing decision predicts its blocks on the chosen replica.",

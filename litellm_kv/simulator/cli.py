@@ -18,7 +18,7 @@ from dataclasses import asdict
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.report import Summary, plot_bars, plot_sweep, table, write_json
 from litellm_kv.simulator.runner import ALL, Slo, fleet_sweep, knee, load_sweep, run_all
-from litellm_kv.simulator.simulation import SimConfig
+from litellm_kv.simulator.simulation import SimSettings
 from litellm_kv.simulator.workload import GENERATORS, SimRequest, load_mooncake, scale_rate
 
 
@@ -73,7 +73,7 @@ def _progress(row: Summary) -> None:
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    cfg = SimConfig(replicas=a.replicas, block_size=a.block_size,
+    cfg = SimSettings(replicas=a.replicas, block_size=a.block_size,
                     model=ThroughputModel(capacity_blocks=a.capacity_blocks), seed=a.seed,
                     event_tokens=a.event_tokens)
     slo = Slo(a.slo_ttft, a.slo_itl)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.report import Summary, summarise
-from litellm_kv.simulator.simulation import SimConfig, Simulation
+from litellm_kv.simulator.simulation import SimSettings, Simulation
 from litellm_kv.simulator.strategies import STRATEGIES
 from litellm_kv.simulator.workload import SimRequest, scale_rate
 
@@ -29,7 +29,7 @@ def make(name: str, seed: int) -> Strategy:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
 
 
-async def run_one(requests: Sequence[SimRequest], cfg: SimConfig, name: str, slo: Slo,
+async def run_one(requests: Sequence[SimRequest], cfg: SimSettings, name: str, slo: Slo,
                   factory: Callable[[str, int], Strategy] = make) -> tuple[Summary, Strategy]:
     strategy = factory(name, cfg.seed)
     t0 = time.perf_counter()
@@ -38,7 +38,7 @@ async def run_one(requests: Sequence[SimRequest], cfg: SimConfig, name: str, slo
     return summarise(name, outcomes, cfg.replicas, slo.ttft_s, slo.itl_s, wall), strategy
 
 
-def run_all(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[str], slo: Slo,
+def run_all(requests: Sequence[SimRequest], cfg: SimSettings, names: Sequence[str], slo: Slo,
             progress: Callable[[Summary], None] | None = None) -> list[Summary]:
     async def go() -> list[Summary]:
         rows = []
@@ -52,7 +52,7 @@ def run_all(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[str]
     return asyncio.run(go())
 
 
-def load_sweep(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[str], slo: Slo,
+def load_sweep(requests: Sequence[SimRequest], cfg: SimSettings, names: Sequence[str], slo: Slo,
                speeds: Sequence[float], progress: Callable[[Summary], None] | None = None
                ) -> dict[str, list[Summary]]:
     out: dict[str, list[Summary]] = {n: [] for n in names}
@@ -62,7 +62,7 @@ def load_sweep(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[s
     return out
 
 
-def fleet_sweep(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[str], slo: Slo,
+def fleet_sweep(requests: Sequence[SimRequest], cfg: SimSettings, names: Sequence[str], slo: Slo,
                 sizes: Sequence[int], scale_load: bool = True,
                 progress: Callable[[Summary], None] | None = None) -> dict[str, list[Summary]]:
     """``scale_load``: the request rate grows with the fleet (same load per replica)."""
@@ -74,7 +74,7 @@ def fleet_sweep(requests: Sequence[SimRequest], cfg: SimConfig, names: Sequence[
     return out
 
 
-def knee(requests: Sequence[SimRequest], cfg: SimConfig, slo: Slo, speeds: Sequence[float],
+def knee(requests: Sequence[SimRequest], cfg: SimSettings, slo: Slo, speeds: Sequence[float],
          factor: float = 2.0, strategy: str = "round-robin") -> tuple[float, list[tuple[float, float]]]:
     """The first speed at which ``strategy``'s p99 TTFT exceeds ``factor`` × its value at the
     first (unloaded) speed; returns it and the (speed, p99) points measured."""

@@ -29,7 +29,7 @@ _ARRIVE, _EVENTS, _FIRST, _FINISH, _SCRAPE = range(5)
 
 
 @dataclass(slots=True)
-class SimConfig:
+class SimSettings:
     replicas: int = 8
     block_size: int = 16
     model: ThroughputModel = field(default_factory=ThroughputModel)
@@ -55,7 +55,7 @@ class Outcome:
 
 
 class Replica:
-    def __init__(self, idx: int, cfg: SimConfig) -> None:
+    def __init__(self, idx: int, cfg: SimSettings) -> None:
         self.idx = idx
         self.name = f"replica-{idx}"
         self.cache = BlockCache(cfg.model.blocks(cfg.block_size), cfg.block_size)
@@ -71,7 +71,7 @@ class Replica:
 
 
 class Simulation:
-    def __init__(self, cfg: SimConfig, requests: list[SimRequest], strategy: Strategy) -> None:
+    def __init__(self, cfg: SimSettings, requests: list[SimRequest], strategy: Strategy) -> None:
         self.cfg = cfg
         self.requests = requests
         self.strategy = strategy

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from litellm_kv.index.base import KVIndex
-from litellm_kv.routing.cost import Candidate, CostConfig, CostModel
+from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
 from litellm_kv.routing.load import InMemoryLoadTracker
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.simulator.interface import Gauges, Strategy
@@ -356,10 +356,10 @@ class LitellmKV(_EventDriven):
 
     name = "litellm-kv"
 
-    def __init__(self, seed: int = 0, index: KVIndex | None = None, cost: CostConfig | None = None,
+    def __init__(self, seed: int = 0, index: KVIndex | None = None, cost: CostSettings | None = None,
                  sibling_ttl_s: float = 5.0) -> None:
         super().__init__(seed, index)
-        self.model = CostModel(cost or CostConfig(), seed=seed)
+        self.model = CostModel(cost or CostSettings(), seed=seed)
         self.sibling_ttl_s = sibling_ttl_s
         self.siblings = SiblingIndex(ttl_s=sibling_ttl_s)
         self.load = InMemoryLoadTracker()

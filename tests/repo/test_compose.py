@@ -148,9 +148,9 @@ def test_proxy_and_indexers_mount_the_repository_configs(compose: dict[str, Any]
 def test_litellm_config_parses_with_every_feature_parser() -> None:
     from litellm_kv.governance import reasoning, vision_policy
     from litellm_kv.governance.policy import config_layer, metadata_layer
-    from litellm_kv.routing.affinity import AffinityOptions
-    from litellm_kv.routing.cost import CostConfig
-    from litellm_kv.routing.options import KVRoutingOptions
+    from litellm_kv.routing.affinity import AffinitySettings
+    from litellm_kv.routing.cost import CostSettings
+    from litellm_kv.routing.options import KVRoutingSettings
 
     settings = load_settings(LITELLM_CONFIG)
     assert settings.model_groups, "no litellm-kv groups in config/litellm.yaml"
@@ -160,10 +160,10 @@ def test_litellm_config_parses_with_every_feature_parser() -> None:
         assert isinstance(g, ModelGroupSettings)
         base = f"litellm_kv.model_groups.{name}"
         if g.routing == "kv":
-            opts = parse_section(KVRoutingOptions, g.kv, base + ".kv")
-            parse_section(CostConfig, opts.cost, base + ".kv.cost")
+            opts = parse_section(KVRoutingSettings, g.kv, base + ".kv")
+            parse_section(CostSettings, opts.cost, base + ".kv.cost")
         if g.routing == "affinity":
-            parse_section(AffinityOptions, g.affinity, base + ".affinity")
+            parse_section(AffinitySettings, g.affinity, base + ".affinity")
         for feature, module, group_cls in (("reasoning", reasoning, reasoning.GroupReasoningSettings),
                                            ("vision", vision_policy, vision_policy.GroupVisionSettings)):
             values = getattr(g, feature)

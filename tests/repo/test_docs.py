@@ -92,8 +92,8 @@ def test_every_config_section_of_the_package_is_found() -> None:
     docsgen.import_all()
     found = {f"{c.__module__}.{c.__qualname__}" for c in docsgen.config_classes()}
     for name in ("litellm_kv.config.Settings", "litellm_kv.config.ModelGroupSettings",
-                 "litellm_kv.routing.options.KVRoutingOptions", "litellm_kv.routing.cost.CostConfig",
-                 "litellm_kv.routing.load.LoadConfig", "litellm_kv.routing.siblings.SiblingConfig"):
+                 "litellm_kv.routing.options.KVRoutingSettings", "litellm_kv.routing.cost.CostSettings",
+                 "litellm_kv.routing.load.LoadSettings", "litellm_kv.routing.siblings.SiblingSettings"):
         assert name in found
     assert set(docsgen.policy_fields()) == set(docsgen.POLICY_MODULES)
 

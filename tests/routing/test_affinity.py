@@ -14,8 +14,8 @@ import pytest
 from litellm_kv.config import parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.routing.affinity import (
-    AffinityOptions,
     AffinityRouter,
+    AffinitySettings,
     CacheProfile,
     Candidates,
     DeploymentId,
@@ -134,11 +134,11 @@ def test_openai_profile_minimum_and_increments() -> None:
 
 
 def test_tiktoken_counts_offline_and_short_prompts_create_no_keys() -> None:
-    meter = make_meter("auto", AffinityOptions(), "openai", "gpt-4o")
+    meter = make_meter("auto", AffinitySettings(), "openai", "gpt-4o")
     assert isinstance(meter, TiktokenMeter) and meter.name == "tiktoken:o200k_base"
     assert meter.count("hello world") == 2
-    assert make_meter("auto", AffinityOptions(), "openai", "gpt-4-0613").name == "tiktoken:cl100k_base"
-    opts = AffinityOptions()
+    assert make_meter("auto", AffinitySettings(), "openai", "gpt-4-0613").name == "tiktoken:cl100k_base"
+    opts = AffinitySettings()
     short = [{"role": "system", "content": text(300, 1)}, {"role": "user", "content": "hi"}]
     long = [{"role": "system", "content": text(1500, 1)}, {"role": "user", "content": "hi"}]
     profile = CacheProfile(1024, 128)
@@ -150,7 +150,7 @@ def test_tiktoken_counts_offline_and_short_prompts_create_no_keys() -> None:
 def test_follow_shared_prefix_off_drops_system_only_keys() -> None:
     msgs = conversation(1)[0]
     prefixes = conversation_prefixes(msgs, None, namespace="g", meter=METER)
-    opts = parse_section(AffinityOptions, {"follow_shared_prefix": False}, "t")
+    opts = parse_section(AffinitySettings, {"follow_shared_prefix": False}, "t")
     keys = select_keys(prefixes, CacheProfile(16), opts)
     assert [k.shared for k in keys] == [False]
 
@@ -158,7 +158,7 @@ def test_follow_shared_prefix_off_drops_system_only_keys() -> None:
 def test_max_keys_keeps_longest_and_the_shared_prefix() -> None:
     msgs = conversation(30)[-1]
     prefixes = conversation_prefixes(msgs, None, namespace="g", meter=METER)
-    opts = parse_section(AffinityOptions, {"max_keys": 5}, "t")
+    opts = parse_section(AffinitySettings, {"max_keys": 5}, "t")
     keys = select_keys(prefixes, CacheProfile(16), opts)
     assert len(keys) == 5 and keys[0] == prefixes[-1] and keys[-1].shared
 
@@ -176,11 +176,11 @@ def test_ttl_parsing_and_request_ttl() -> None:
 
 def test_options_are_typed_and_checked() -> None:
     with pytest.raises(ConfigError, match="ttl_secs"):
-        parse_section(AffinityOptions, {"ttl_secs": 3}, "litellm_kv.model_groups.g.affinity")
+        parse_section(AffinitySettings, {"ttl_secs": 3}, "litellm_kv.model_groups.g.affinity")
     with pytest.raises(ConfigError, match="tokenizer"):
-        parse_section(AffinityOptions, {"tokenizer": "bpe"}, "g")
+        parse_section(AffinitySettings, {"tokenizer": "bpe"}, "g")
     with pytest.raises(ConfigError, match="positive"):
-        parse_section(AffinityOptions, {"ttl_seconds": 0}, "g")
+        parse_section(AffinitySettings, {"ttl_seconds": 0}, "g")
 
 
 # -- stores ---------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ DEPS = [("dep-a", "openai", "gpt-4o", {}), ("dep-b", "openai", "gpt-4o", {})]
 
 
 def make_router(clock: FakeClock, **opts: Any) -> AffinityRouter:
-    options = parse_section(AffinityOptions, opts, "t")
+    options = parse_section(AffinitySettings, opts, "t")
     return AffinityRouter("g", options, MemoryPinStore(clock), InFlightCounter(clock))
 
 
@@ -338,7 +338,7 @@ def test_docs_list_every_option_and_metric() -> None:
     from tools.harness.procs import ROOT
 
     page = (ROOT / "docs" / "affinity.md").read_text()
-    for f in dataclasses.fields(AffinityOptions):
+    for f in dataclasses.fields(AffinitySettings):
         assert f"| `{f.name}` |" in page, f.name
     import litellm_kv.integration.affinity_hooks  # noqa: F401  (declares the metrics)
 

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aredis
 
-from litellm_kv.routing.load import InMemoryLoadTracker, LoadConfig, RedisLoadTracker, TrackedLoad
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, RedisLoadTracker, TrackedLoad
 from tools.harness.redis_server import RedisServer
 
 
 async def test_in_memory_lifecycle_and_recent_decay() -> None:
     now = [0.0]
-    t = InMemoryLoadTracker(LoadConfig(recent_half_life_s=10.0), clock=lambda: now[0])
+    t = InMemoryLoadTracker(LoadSettings(recent_half_life_s=10.0), clock=lambda: now[0])
     await t.begin("g", "a", "r1", 1000)
     await t.begin("g", "a", "r2", 500)
     s = await t.snapshot("g", ["a", "b"])
@@ -182,8 +182,8 @@ async def test_counts_recover_after_redis_returns() -> None:
 
 async def test_dead_proxy_counts_fade(redis_url: str) -> None:
     client = aredis.from_url(redis_url)
-    dead = RedisLoadTracker(client, LoadConfig(ttl_s=0.5), proxy_id="dead")
-    alive = RedisLoadTracker(client, LoadConfig(ttl_s=30.0), proxy_id="alive")
+    dead = RedisLoadTracker(client, LoadSettings(ttl_s=0.5), proxy_id="dead")
+    alive = RedisLoadTracker(client, LoadSettings(ttl_s=30.0), proxy_id="alive")
     try:
         await client.flushall()
         await dead.begin("g", "a", "r1", 4000)  # never ended: the proxy "crashes"
@@ -207,7 +207,7 @@ async def test_a_proxy_declared_dead_publishes_its_counts_again(redis_url: str) 
     """A proxy whose liveness lapsed (a long pause) and whose fields a reader deleted republishes all of
     them on its next write, not only the replica that changed."""
     client = aredis.from_url(redis_url)
-    slow = RedisLoadTracker(client, LoadConfig(ttl_s=0.3), proxy_id="slow")
+    slow = RedisLoadTracker(client, LoadSettings(ttl_s=0.3), proxy_id="slow")
     reader = RedisLoadTracker(client, proxy_id="reader")
     try:
         await client.flushall()
@@ -229,9 +229,9 @@ def test_load_config_rejects_non_positive_times() -> None:
     from litellm_kv.config import ConfigError, parse_section
 
     with pytest.raises(ConfigError, match="ttl_s must be positive"):
-        parse_section(LoadConfig, {"ttl_s": 0}, "kv.load")
+        parse_section(LoadSettings, {"ttl_s": 0}, "kv.load")
     with pytest.raises(ConfigError, match="recent_half_life_s must be positive"):
-        parse_section(LoadConfig, {"recent_half_life_s": -1.0}, "kv.load")
+        parse_section(LoadSettings, {"recent_half_life_s": -1.0}, "kv.load")
 
 
 async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url: str) -> None:

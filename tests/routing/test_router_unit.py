@@ -95,10 +95,10 @@ def test_the_riding_lookup_is_a_declared_capability_of_the_redis_index() -> None
 def test_the_group_names_a_request_it_cannot_tokenize() -> None:
     """KVGroup.decide finds the tokenizer's reason itself: not a chat request, or no replica to tokenize with."""
     from litellm_kv.routing.group import ChatRequest
-    from litellm_kv.routing.options import KVRoutingOptions
+    from litellm_kv.routing.options import KVRoutingSettings
 
     async def run() -> list[RoutingResult]:
-        g = KVGroup(G, KVRoutingOptions(), InMemoryIndex(), None, True, "memory")
+        g = KVGroup(G, KVRoutingSettings(), InMemoryIndex(), None, True, "memory")
         return [await g.decide(ChatRequest(messages=None), R),
                 await g.decide(ChatRequest(messages=[{"role": "user", "content": "hi"}]), R)]
 
@@ -137,11 +137,11 @@ def test_fleet_adapter_resolution() -> None:
     (and /v1/models is re-read at most once per discovery interval, a failed re-read keeping the lists);
     with no model list ever read nothing is judged."""
     from litellm_kv.routing.fleet import Fleet, ReplicaState
-    from litellm_kv.routing.options import KVRoutingOptions
+    from litellm_kv.routing.options import KVRoutingSettings
     from litellm_kv.vllm.engine import EngineClient
 
     async def run() -> None:
-        fleet = Fleet(G, KVRoutingOptions(lora_paths={"pinned": "/cfg/pinned"}, discovery_interval_s=60),
+        fleet = Fleet(G, KVRoutingSettings(lora_paths={"pinned": "/cfg/pinned"}, discovery_interval_s=60),
                       InMemoryIndex(), embedded=True)
         client = EngineClient("http://127.0.0.1:9")  # nothing answers: re-reads fail, and are counted
         reads = 0

@@ -51,10 +51,10 @@ def test_docs_list_every_option_and_metric() -> None:
 
     import litellm_kv.services.indexer.service  # noqa: F401  (declares the metrics)
     from litellm_kv.observability import declared_metrics
-    from litellm_kv.services.indexer.config import GroupConfig, IndexerConfig, ReplicaConfig
+    from litellm_kv.services.indexer.config import IndexerGroupSettings, IndexerReplicaSettings, IndexerSettings
 
     page = (ROOT / "docs" / "indexer.md").read_text()
-    for cls in (IndexerConfig, GroupConfig, ReplicaConfig):
+    for cls in (IndexerSettings, IndexerGroupSettings, IndexerReplicaSettings):
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             assert f.name in page, f"{cls.__name__}.{f.name} missing from docs/indexer.md"
     for name in declared_metrics():

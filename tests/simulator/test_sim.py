@@ -10,14 +10,14 @@ import asyncio
 import json
 from pathlib import Path
 
-from litellm_kv.routing.cost import CostConfig
+from litellm_kv.routing.cost import CostSettings
 from litellm_kv.simulator import cli_main
 from litellm_kv.simulator.cache import BlockCache
 from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.report import Summary
 from litellm_kv.simulator.runner import ALL, Slo, run_all, run_one
-from litellm_kv.simulator.simulation import SimConfig
+from litellm_kv.simulator.simulation import SimSettings
 from litellm_kv.simulator.strategies import LitellmKV
 from litellm_kv.simulator.workload import agent_fanout, load_mooncake, multi_turn, shared_prefix
 
@@ -57,7 +57,7 @@ def test_every_strategy_runs_and_exact_routers_predict_from_events() -> None:
     # 8 groups × 47 system blocks overflow one replica's 200 blocks but fit in the fleet's.
     reqs = shared_prefix(groups=8, prompts_per_group=12, system_len=3000, question_len=300,
                          output_len=50, rate=20.0, block_size=64)
-    cfg = SimConfig(replicas=4, block_size=64, model=ThroughputModel(capacity_blocks=200))
+    cfg = SimSettings(replicas=4, block_size=64, model=ThroughputModel(capacity_blocks=200))
     rows = {r.strategy: r for r in run_all(reqs, cfg, ALL, Slo())}
     assert set(rows) == set(ALL)
     assert all(r.requests == len(reqs) for r in rows.values())
@@ -71,11 +71,11 @@ def test_sibling_prediction_keeps_bursts_together_under_load() -> None:
     """Fan-out bursts arrive before the engine has computed (or announced) their shared
     context; only the sibling index can tell the router where the burst went."""
     reqs = agent_fanout(tasks=30, fanout=8, context_len=6000, rate=2.0, block_size=64)
-    cfg = SimConfig(replicas=4, block_size=64, model=ThroughputModel(capacity_blocks=3000),
+    cfg = SimSettings(replicas=4, block_size=64, model=ThroughputModel(capacity_blocks=3000),
                     event_delay_s=0.2)
 
     def make(sibling_credit: float) -> Strategy:
-        return LitellmKV(seed=0, cost=CostConfig(sibling_credit=sibling_credit))
+        return LitellmKV(seed=0, cost=CostSettings(sibling_credit=sibling_credit))
 
     async def both() -> tuple[Summary, Summary]:
         with_sib, _ = await run_one(reqs, cfg, "litellm-kv", Slo(), lambda n, s: make(1.0))
@@ -89,7 +89,7 @@ def test_sibling_prediction_keeps_bursts_together_under_load() -> None:
 
 def test_chat_turns_hit_previous_answers() -> None:
     reqs = multi_turn(sessions=6, turns=4, think_s=2.0, block_size=64)
-    cfg = SimConfig(replicas=2, block_size=64)
+    cfg = SimSettings(replicas=2, block_size=64)
     (row,) = run_all(reqs, cfg, ["litellm-kv"], Slo())
     assert row.hit_ratio > 0.7
 

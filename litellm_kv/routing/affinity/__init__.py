@@ -4,7 +4,7 @@ For deployments that publish no KV events (OpenAI, Anthropic, Bedrock, Azure, a 
 events) the only lever is to remember which deployment served a prefix. This package is the domain
 part of that, with no LiteLLM import (``litellm_kv.integration.affinity_hooks`` adapts it):
 
-* ``options``: :class:`AffinityOptions`, the group's ``affinity`` section.
+* ``options``: :class:`AffinitySettings`, the group's ``affinity`` section.
 * ``keys``: :func:`conversation_prefixes` turns a chat request into chained digests, one per prefix
   boundary (tools, each message, each ``cache_control``-marked block), each with its token count.
 * ``profiles`` and ``meters``: :class:`CacheProfile` and :class:`TokenMeter` say which boundaries
@@ -29,7 +29,7 @@ from litellm_kv.routing.affinity.meters import (
     make_meter,
     openai_encoding,
 )
-from litellm_kv.routing.affinity.options import AffinityOptions
+from litellm_kv.routing.affinity.options import AffinitySettings
 from litellm_kv.routing.affinity.pins import Candidates, MemoryPinStore, Outcome, PinStore, RedisPinStore, Resolution
 from litellm_kv.routing.affinity.profiles import CacheProfile, profile_for, provider_of
 from litellm_kv.routing.affinity.router import AffinityRouter, PinDecision
@@ -37,8 +37,8 @@ from litellm_kv.routing.affinity.ttl import parse_ttl, request_ttl
 
 __all__ = [
     "KEY_VERSION",
-    "AffinityOptions",
     "AffinityRouter",
+    "AffinitySettings",
     "CacheProfile",
     "Candidates",
     "Clock",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NewType
 
 from litellm_kv.routing.affinity.meters import TokenMemo, TokenMeter
-from litellm_kv.routing.affinity.options import AffinityOptions
+from litellm_kv.routing.affinity.options import AffinitySettings
 from litellm_kv.routing.affinity.profiles import CacheProfile
 
 # A chained digest of a prompt prefix (hex); the name keeps it apart from deployment ids.
@@ -138,7 +138,7 @@ def conversation_prefixes(
     return out
 
 
-def select_keys(prefixes: Sequence[Prefix], profile: CacheProfile, options: AffinityOptions) -> list[Prefix]:
+def select_keys(prefixes: Sequence[Prefix], profile: CacheProfile, options: AffinitySettings) -> list[Prefix]:
     """The boundaries worth a pin, longest first: cacheable by the provider, at most ``max_keys``."""
     usable = [p for p in prefixes if profile.cacheable(p.tokens) > 0]
     if not options.follow_shared_prefix:

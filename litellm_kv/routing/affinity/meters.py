@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from litellm_kv.routing.affinity.options import AffinityOptions
+from litellm_kv.routing.affinity.options import AffinitySettings
 
 
 class TokenMeter(Protocol):
@@ -101,7 +101,7 @@ def openai_encoding(model: str) -> str:
 _meters: dict[str, TokenMeter] = {}
 
 
-def make_meter(spec: str, options: AffinityOptions, provider: str, model: str) -> TokenMeter:
+def make_meter(spec: str, options: AffinitySettings, provider: str, model: str) -> TokenMeter:
     """Resolve ``options.tokenizer`` for a deployment; falls back to the estimate if a tokenizer is missing."""
     if spec == "auto":
         if provider in ("openai", "azure", "azure_ai", "text-completion-openai"):

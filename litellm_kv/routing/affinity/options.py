@@ -9,7 +9,7 @@ from litellm_kv.config import doc
 
 
 @dataclass(slots=True)
-class AffinityOptions:
+class AffinitySettings:
     """Options of ``litellm_kv.model_groups.<group>.affinity`` (groups with ``routing: affinity``)."""
 
     ttl_seconds: float = doc(

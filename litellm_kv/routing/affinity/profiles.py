@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from litellm_kv.routing.affinity.options import AffinityOptions
+from litellm_kv.routing.affinity.options import AffinitySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def provider_of(litellm_params: Mapping[str, Any]) -> str:
     return model.split("/", 1)[0] if "/" in model else "openai"
 
 
-def profile_for(provider: str, options: AffinityOptions) -> CacheProfile:
+def profile_for(provider: str, options: AffinitySettings) -> CacheProfile:
     base = _PROVIDER_PROFILES.get(provider, _DEFAULT_PROFILE)
     return CacheProfile(
         min_tokens=base.min_tokens if options.min_prompt_tokens is None else options.min_prompt_tokens,

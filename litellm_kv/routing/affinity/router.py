@@ -10,7 +10,7 @@ from typing import Any
 from litellm_kv.routing.affinity.inflight import DeploymentId, InFlightCounter
 from litellm_kv.routing.affinity.keys import PrefixDigest, conversation_prefixes, select_keys
 from litellm_kv.routing.affinity.meters import TokenMemo, make_meter
-from litellm_kv.routing.affinity.options import AffinityOptions
+from litellm_kv.routing.affinity.options import AffinitySettings
 from litellm_kv.routing.affinity.pins import Candidates, PinStore
 from litellm_kv.routing.affinity.profiles import profile_for
 from litellm_kv.routing.affinity.ttl import parse_ttl, request_ttl
@@ -33,7 +33,7 @@ class AffinityRouter:
     def __init__(
         self,
         group: str,
-        options: AffinityOptions,
+        options: AffinitySettings,
         store: PinStore,
         load: InFlightCounter,
         *,

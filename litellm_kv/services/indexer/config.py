@@ -15,7 +15,7 @@ HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 
 
 @dataclass(slots=True)
-class ReplicaConfig:
+class IndexerReplicaSettings:
     """One vLLM replica (``model_groups.<g>.replicas[i]``)."""
 
     api_base: str = doc(
@@ -41,10 +41,10 @@ class ReplicaConfig:
 
 
 @dataclass(slots=True)
-class GroupConfig:
+class IndexerGroupSettings:
     """One model group (``model_groups.<name>``; the name is LiteLLM's model_name)."""
 
-    replicas: list[ReplicaConfig] = doc("The group's vLLM replicas.", default_factory=list)
+    replicas: list[IndexerReplicaSettings] = doc("The group's vLLM replicas.", default_factory=list)
     hash_seed: str | None = doc(
         "The engines' PYTHONHASHSEED if they run with one (seeds vLLM's NONE_HASH; cannot be read from "
         "the engine). None: the top-level hash_seed.",
@@ -61,13 +61,13 @@ class GroupConfig:
 
 
 @dataclass(slots=True)
-class IndexerConfig:
+class IndexerSettings:
     """``litellm-kv indexer --config FILE``: feeds the shared Redis index from the engines' KV events."""
 
     redis_url: str = doc(
         "Redis URL of the shared index: redis://[:password@]host:port/db, rediss:// for TLS."
     )
-    model_groups: dict[str, GroupConfig] = doc(
+    model_groups: dict[str, IndexerGroupSettings] = doc(
         "Model groups to index, keyed by LiteLLM model_name.", default_factory=dict
     )
     host: str = doc("Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics).",
@@ -114,7 +114,7 @@ class IndexerConfig:
         return g.hash_seed if g.hash_seed is not None else self.hash_seed
 
 
-def load_indexer_config(path: str | Path) -> IndexerConfig:
+def load_indexer_config(path: str | Path) -> IndexerSettings:
     """Read and check an indexer config file; errors name the offending option."""
     p = Path(path)
     try:
@@ -123,4 +123,4 @@ def load_indexer_config(path: str | Path) -> IndexerConfig:
         raise ConfigError(f"cannot read indexer config {p}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
-    return parse_section(IndexerConfig, raw, "indexer")
+    return parse_section(IndexerSettings, raw, "indexer")

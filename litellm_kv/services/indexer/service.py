@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from litellm_kv.index.redis import RedisIndex
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.fleet import replica_id
-from litellm_kv.services.indexer.config import IndexerConfig, ReplicaConfig
+from litellm_kv.services.indexer.config import IndexerReplicaSettings, IndexerSettings
 from litellm_kv.services.indexer.stream import EventStream
 from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.engine import EngineClient
@@ -55,7 +55,7 @@ class ReplicaRuntime:
 
     group: str
     replica: str
-    cfg: ReplicaConfig
+    cfg: IndexerReplicaSettings
     client: EngineClient
     streams: list[EventStream] = field(default_factory=list)
     block_size: int | None = None
@@ -89,9 +89,9 @@ class ReplicaRuntime:
 
 
 class Indexer:
-    """Runs the streams, heartbeats and expiry for an :class:`IndexerConfig`."""
+    """Runs the streams, heartbeats and expiry for an :class:`IndexerSettings`."""
 
-    def __init__(self, cfg: IndexerConfig, index: RedisIndex | None = None) -> None:
+    def __init__(self, cfg: IndexerSettings, index: RedisIndex | None = None) -> None:
         self.cfg = cfg
         self.index = index or RedisIndex(cfg.redis_url)
         self.ctx = zmq.asyncio.Context()
