@@ -26,7 +26,8 @@ Purges (engine restart, ``AllBlocksCleared``, heartbeat expiry, replica removed)
 replica's id is *retired* (unmapped from its name, so lookups ignore its entries at once and its
 next write gets a fresh id) and queued; the entries are then stripped from ``blocks`` by a sweep
 script, :data:`SWEEP_STEP` entries per call, in a background task of the purging process (any
-process finishes a queue left behind). Stripping all at once blocked Redis ~11 µs per entry.
+process finishes a queue left behind). Stripping all at once would block Redis for time proportional to the
+replica's cache (docs/indexer.md).
 
 High availability: two indexers may feed the same replicas. Refcounts make a plain double apply
 wrong (+2 for one stored block), so batches go through :meth:`apply_batch`, which applies a batch
@@ -65,7 +66,7 @@ from litellm_kv.tasks import cancel_and_wait
 KEY_PREFIX = "lkv"
 GROUPS_KEY = f"{KEY_PREFIX}:groups"
 LOOKUP_CHUNK = 64
-SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge (~11 ms of Redis time)
+SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge: short enough not to stall other clients
 log = logging.getLogger("litellm_kv")
 _U64 = (1 << 64) - 1
 _Q_IS_8_BYTES = array("Q").itemsize == 8
@@ -157,7 +158,7 @@ class _GroupKeys:
 
 
 def _pack(hashes: Sequence[int]) -> bytes:
-    """Hashes as 8-byte big-endian fields, in C (a per-hash struct argument was 0.05 ms at 8K tokens);
+    """Hashes as 8-byte big-endian fields, packed in C (one struct argument per hash is slow on long prompts);
     values outside 0..2^64-1 (none come from the hasher) are reduced mod 2^64 on the slow path."""
     if _Q_IS_8_BYTES:
         try:

@@ -343,7 +343,7 @@ class KVRoutingHandler(Handler):
         return {
             "mode": self.settings.mode,
             # How sha256 block hashes are computed: the compiled chain (litellm_kv/vllm/_chain.c) or Python.
-            # Exact either way; the Python path costs ~0.6 ms more per never-seen 8K-token prompt.
+            # Exact either way; the Python path is slower on never-seen prompts (docs/hashing.md).
             "hashing": "native" if NATIVE_HASHING else "python (litellm_kv/vllm/_chain.c not built)",
             "groups": {
                 name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow}

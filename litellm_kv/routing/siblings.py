@@ -52,7 +52,7 @@ class SiblingIndex:
     def _rotate(self, now: float) -> None:
         if now - self._rotated >= self.ttl_s or len(self._cur) >= self.max_entries // 2:
             if self._prev:
-                # Freeing a generation at once is a pause on the request path (6 ms at 100K blocks):
+                # Freeing a whole generation at once is a pause on the request path (docs/performance.md):
                 # it is freed a slice per record() instead, as fast as blocks are recorded.
                 self._retiring.append(self._prev)
             self._prev = self._cur

@@ -1,10 +1,10 @@
-"""Byte-level BPE through tiktoken's core: the same ids as a model's ``tokenizer.json``, 4-7x faster.
+"""Byte-level BPE through tiktoken's core: the same ids as a model's ``tokenizer.json``, several times faster.
 
 Hugging Face ``tokenizers`` spends most of a cold encode in its pre-tokenizer regex (Oniguruma) and
 in building an ``Encoding`` (offsets, token strings). For the common byte-level BPE family (GPT-2,
 Qwen2, Llama 3 and their derivatives) tiktoken's engine computes the same ids from the same vocabulary
-and split pattern much faster: 10K tokens in ~1.3 ms instead of ~7-9 ms on this project's CPU, which is
-most of a cold 8K-token routing decision.
+and split pattern much faster, and a cold encode is most of a never-seen prompt's routing decision
+(figures in docs/performance.md).
 
 Two BPE algorithms only agree when the model is built the way tiktoken works, so this module is
 strict about when it accepts a model, and checks itself:

@@ -60,15 +60,15 @@ def _labels(raw: str | None) -> dict[str, str]:
     return {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(raw or "")}
 
 
-# The samples the router reads, matched in one pass over the body. vLLM's /metrics is ~50 KB (histogram
+# The samples the router reads, matched in one pass over the body. vLLM's /metrics is large (histogram
 # buckets mostly) and is scraped every second per replica on the proxy's event loop: parsing every line
-# took ~1.1 ms a scrape, enough to delay a routing decision whose Redis round trip was in flight.
+# delayed routing decisions whose Redis round trip was in flight (docs/performance.md).
 _WANTED_SAMPLE = re.compile(
     r"\n(vllm:num_requests_waiting|vllm:num_requests_running|vllm:kv_cache_usage_perc|vllm:prefix_cache_hits_total"
     r"|vllm:prefix_cache_queries_total|process_start_time_seconds|vllm:cache_config_info)"
     r"(?:\{(.*)\})?[ \t]+(\S+)"
 )  # anchored on a literal newline (the body gets one in front), which lets the regex engine skip to line
-# starts: 0.05 ms a body, against 0.3 ms with ^ and MULTILINE and 1.1 ms for a full parse
+# starts, faster than ^ with MULTILINE and far faster than a full parse
 
 
 def engine_metrics(text: str) -> EngineMetrics:
@@ -219,10 +219,10 @@ class EngineClient:
     # -- state ---------------------------------------------------------------------------------
 
     async def metrics(self) -> EngineMetrics:
-        """One scrape of ``/metrics``, through aiohttp rather than httpx: the body is ~50 KB, fetched every
-        second per replica on the proxy's event loop, where httpx's pure-Python HTTP parsing took ~1.2 ms
-        in ~7 callbacks a scrape and aiohttp's C parser takes ~0.45 ms in ~3 — loop time a routing
-        decision waiting for Redis could not have (docs/performance.md)."""
+        """One scrape of ``/metrics``, through aiohttp rather than httpx: the body is large and fetched every
+        second per replica on the proxy's event loop, where httpx's pure-Python HTTP parsing takes several
+        times the loop time of aiohttp's C parser — loop time a routing decision waiting for Redis could not
+        have (figures in docs/performance.md)."""
         url = self.base_url + "/metrics"
         loop = asyncio.get_running_loop()
         if self._scraper is None or self._scraper.closed or self._scraper_loop is not loop:

@@ -142,8 +142,8 @@ class BlockHasher:
             ``block_size``. A ``block_size`` block's hash is then the fine hash at the block's
             last fine index (``BlockHashListWithBlockSize``). Defaults to ``block_size``.
         memo_tokens: bound of the prefix memo, in tokens of remembered blocks (0 disables
-            it). The default, 2**19 tokens (16 conversations of 32K tokens), costs about
-            8 MB at block size 16 and less at larger blocks (docs/hashing.md).
+            it). The default, 2**19 tokens (16 conversations of 32K tokens); its memory per token
+            is measured in docs/hashing.md.
         none_hash: NONE_HASH itself, when known by other means; overrides ``hash_seed``.
         native: hash ``sha256`` blocks without extra keys with the compiled chain
             (``litellm_kv/vllm/_chain.c``) when it is built (:data:`NATIVE_HASHING`); False forces the
@@ -269,7 +269,7 @@ class BlockHasher:
         if not hashes or not _Q_IS_8_BYTES:
             return [int.from_bytes(h[-8:], "big") for h in hashes]
         # Each digest's last 8 bytes, big-endian, in C: the digests side by side as 64-bit words, the
-        # last word of each digest picked out (a per-hash int.from_bytes was 0.1 ms at 8K tokens).
+        # last word of each digest picked out (one int.from_bytes per hash is slow on long prompts).
         words = len(hashes[0]) // 8
         arr = array("Q", b"".join(hashes))
         if sys.byteorder == "little":
@@ -327,7 +327,7 @@ class BlockHasher:
         # Memo keys are bytes: parent hash + the block's tokens as fixed-width uint32 + the LoRA key.
         # Bytes keys and values are not tracked by the garbage collector, so the memo never adds to
         # a collection's walk (a memo of tuples did: they stayed young, and tracked, until a gen-0
-        # collection met them, by then ~100K of them, a 5-7 ms pause at the decision's p99).
+        # collection met them, by then so many that the pause set the decision's p99; docs/hashing.md).
         tag = b"" if not lora_keys else b"\x00" + _pickle_dumps(lora_keys)
         width = 4 * step
         seen = True

@@ -3,7 +3,7 @@
 Two ways, both exact when they agree with the engine:
 
 * **engine**: ``POST /tokenize`` on a replica (the engine's own renderer and tokenizer). Always
-  right, but one HTTP round trip (~10 ms on a CPU replica) on the request path.
+  right, but one HTTP round trip on the request path.
 * **local**: the model's ``tokenizer.json`` (Hugging Face ``tokenizers``) and its chat template
   rendered with Jinja the way ``transformers.apply_chat_template`` renders it. Fast, and cheap for a
   growing conversation: text is split at special tokens (which the tokenizer never merges across)
