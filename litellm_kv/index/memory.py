@@ -31,7 +31,7 @@ _FIELD = (1 << _SHIFT) - 1
 _UNIT = (1, 1 << _SHIFT, 1 << (2 * _SHIFT))  # by Tier value
 
 
-class _Group:
+class _GroupEntries:
     __slots__ = ("bits", "counts", "free_bits", "holders", "non_gpu_refs")
 
     def __init__(self) -> None:
@@ -58,7 +58,7 @@ class InMemoryIndex:
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, _GroupEntries] = {}
         self._alive_until: dict[tuple[str, str], float] = {}
         self._clock = clock
 
@@ -70,7 +70,7 @@ class InMemoryIndex:
     def apply_sync(self, group: str, replica: str, ops: Iterable[BlockOp]) -> int:
         g = self._groups.get(group)
         if g is None:
-            g = self._groups[group] = _Group()
+            g = self._groups[group] = _GroupEntries()
         bit = g.bit(replica)
         table = g.counts[replica]
         get = table.get
