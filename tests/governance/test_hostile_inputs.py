@@ -7,6 +7,23 @@ import pytest
 
 from litellm_kv.errors import MetadataError
 from litellm_kv.governance.policy import metadata_layer
+from litellm_kv.governance.reasoning import (
+    DEFAULT_EFFORT_BUDGETS,
+    MAX_CLIENT_BUDGET,
+    read_client_ask,
+    strip_client_reasoning,
+)
+
+
+@pytest.mark.parametrize("place", ["", "extra_body", "vllm_xargs"])
+def test_reasoning_max_budget_sees_a_400_digit_budget_as_the_largest_ask(place: str) -> None:
+    huge = int("9" * 400)
+    fields = {"thinking": {"type": "enabled", "budget_tokens": huge}, "thinking_token_budget": huge}
+    data = {**fields} if not place else {place: fields}
+    ask = read_client_ask(data, DEFAULT_EFFORT_BUDGETS, "enable_thinking")
+    assert ask.budget == MAX_CLIENT_BUDGET and not ask.off
+    strip_client_reasoning(data, "enable_thinking")
+    assert data == {}
 
 
 def test_reasoning_limits_refuse_key_metadata_nested_too_deeply() -> None:
