@@ -112,7 +112,11 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def _fetch_size(
         self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
     ) -> tuple[int, int] | None:
-        host = (urlsplit(part.source).hostname or "").lower()
+        try:
+            host = (urlsplit(part.source).hostname or "").lower()
+        except ValueError as exc:  # "http://[::1": an unclosed IPv6 host
+            raise ImageError.of("invalid_url", part.where, f"image URL cannot be parsed ({exc})",
+                                part.source[:64]) from None
         if not gs.fetch.allow_hosts or host not in {h.lower() for h in gs.fetch.allow_hosts}:
             return None
         import httpx
@@ -134,6 +138,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         except (httpx.HTTPError, TimeoutError):
             log.info("litellm-kv: fetching %s failed; counting the ceiling", part.where)
             return None
+        except httpx.InvalidURL as exc:
+            # Not an HTTPError: httpx refuses the URL itself (a NUL byte, a bad port), so would the engine.
+            raise ImageError.of("invalid_url", part.where, f"image URL cannot be fetched ({exc})",
+                                part.source[:64]) from None
         info = image_info(buf, part.where, ImageBounds(max_bytes=cap, max_pixels=bounds.max_pixels))
         return info.width, info.height
 
