@@ -6,8 +6,9 @@ litellm_settings:
 ```
 
 It fans every hook out to the feature handlers (:mod:`litellm_kv.integration.hooks`) and contains
-their failures: a bug or an unreachable dependency in litellm-kv never fails a request; only a
-deliberate :class:`~litellm_kv.errors.PolicyViolation` does.
+their failures: a bug or an unreachable dependency in routing or affinity never fails a request. Where
+a limit is at stake (a governance handler's ``pre_call`` on a governed group) a failure refuses the
+request instead: sending it on would skip the limit.
 """
 
 from __future__ import annotations
@@ -122,6 +123,18 @@ class LiteLLMKV(CustomLogger):
         INTERNAL_ERRORS.labels(h.name, hook).inc()
         log.exception("litellm-kv: %s.%s failed; continuing without it", h.name, hook)
 
+    @staticmethod
+    def _refusal(exc: PolicyViolation) -> ProxyException:
+        REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
+        log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
+        return ProxyException(
+            message=exc.message,
+            type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
+            param=exc.limit_name or None,
+            code=exc.status_code,
+            headers=dict(exc.headers),
+        )
+
     # -- proxy-level hooks (must be defined on this class itself, not inherited) -------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> Any:
         await self.ensure_started()
@@ -140,17 +153,18 @@ class LiteLLMKV(CustomLogger):
             try:
                 await h.pre_call(req)
             except PolicyViolation as exc:
-                REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
-                log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
-                raise ProxyException(
-                    message=exc.message,
-                    type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
-                    param=exc.limit_name or None,
-                    code=exc.status_code,
-                    headers=dict(exc.headers),
-                ) from None
-            except Exception:
-                self._contain(h, "pre_call")
+                raise self._refusal(exc) from None
+            except Exception as exc:
+                if not h.fails_closed:
+                    self._contain(h, "pre_call")
+                    continue
+                log.exception("litellm-kv: %s.pre_call failed on governed model '%s'; refusing the request",
+                              h.name, model_group)
+                raise self._refusal(PolicyViolation(
+                    500, f"The {h.name} limits of model '{model_group}' could not be applied to this request "
+                    f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
+                    "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
+                )) from None
         if req.response_headers:
             litellm_data.add_response_headers(data, HEADERS_KEY, req.response_headers)
         return data

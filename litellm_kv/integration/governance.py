@@ -1,5 +1,6 @@
 """What the per-key governance handlers (reasoning, vision) share: a section of their own in each model
-group's config, parsed once per group, and period budgets (in memory, or Redis when ``redis_url`` is set)."""
+group's config, parsed once per group, period budgets (in memory, or Redis when ``redis_url`` is set),
+and failing closed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class GovernanceHandler(Handler, Generic[G]):
     section = ""  # "reasoning" or "vision": the ModelGroupSettings field
     group_settings_cls: type[Any] = object  # the dataclass of the group-level options
     policy_fields: tuple[str, ...] = ()  # keys of the section that are limits, not group options
+    fails_closed = True  # an error while deciding must not send the request on without its limits
 
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings)

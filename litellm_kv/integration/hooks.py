@@ -6,6 +6,9 @@ vision). A handler overrides only the steps it needs. The callback guarantees:
 
 * a :class:`~litellm_kv.errors.PolicyViolation` raised in :meth:`Handler.pre_call` becomes the
   HTTP error the caller sees;
+* any other exception in :meth:`Handler.pre_call` of a handler that :attr:`~Handler.fails_closed`
+  (the governance handlers: a limit is at stake) refuses the request with HTTP 500 naming the limits
+  that could not be applied;
 * any other exception from a handler is logged, counted in
   ``litellm_kv_internal_errors_total{handler,hook}`` and swallowed: the request goes on as if the
   handler had no opinion (for routing: LiteLLM's own choice among the healthy deployments).
@@ -62,6 +65,8 @@ class Handler:
     """Base class of a feature's part of the request path. Every method is a no-op by default."""
 
     name = "handler"
+    #: True when a failure of :meth:`pre_call` must refuse the request: sending it on would skip a limit.
+    fails_closed = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -1,10 +1,11 @@
 """Reasoning budgets in the proxy: decide and enforce before the call, measure and charge after it.
 
-Before the call (:meth:`ReasoningHandler.pre_call`): resolve the key/team/group policy, read what
-the client asked for (any field), remove every client reasoning field, check period budgets (429),
-clamp or reject over the per-request maximum, and write the decided fields in the group's provider
-style (:func:`litellm_kv.governance.reasoning.apply_decision`). The decision travels in the request metadata
-(``metadata.litellm_kv_reasoning``, always overwritten, so a client cannot forge it).
+Before the call (:meth:`ReasoningHandler.pre_call`): read what the client asked for (any field) and
+remove every client reasoning field, before anything else can fail; resolve the key/team/group
+policy, check period budgets (429), clamp or reject over the per-request maximum, and write the
+decided fields in the group's provider style (:func:`litellm_kv.governance.reasoning.apply_decision`).
+The decision travels in the request metadata (``metadata.litellm_kv_reasoning``, always overwritten,
+so a client cannot forge it).
 
 After the call (deployment-level hooks, streams included): take ``reasoning_tokens`` from the
 provider's usage, else count ``reasoning_content`` with the group's tokenizer; write them into
@@ -26,6 +27,7 @@ from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
+    DEFAULT_TEMPLATE_KWARG,
     POLICY_FIELDS,
     ClientAsk,
     GroupReasoningSettings,
@@ -173,16 +175,21 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
     async def pre_call(self, req: ProxyRequest) -> None:
         data = req.data
         group = req.model_group
+        template_kwarg = DEFAULT_TEMPLATE_KWARG
         try:
             gs = self.group_settings(group)
+            template_kwarg = gs.template_kwarg
+            ask = read_client_ask(data, gs.effort_budgets, template_kwarg)
         except ConfigError:
-            log.exception("litellm-kv: invalid reasoning config for group %s; not enforcing", group)
+            log.exception("litellm-kv: invalid reasoning config for group %s; refusing", group)
             raise
-        policy = self._policy(req, gs)
-        ask = read_client_ask(data, gs.effort_budgets, gs.template_kwarg)
-        for name in strip_client_reasoning(data, gs.template_kwarg):
+        finally:
+            # The client's fields go first, whatever fails next: none of them may reach the provider.
+            removed = strip_client_reasoning(data, template_kwarg)
+        for name in removed:
             NEUTRALISED.labels(group, name).inc()
         litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
+        policy = self._policy(req, gs)
 
         decision = self._decide(policy, ask, req)
         await self._check_periods(policy, decision, req, gs)
@@ -332,13 +339,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             return
         group = _model_group_of(request_data)
         text = "".join(_reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response))
-        usage = litellm_data.usage_of(response)
-        if usage is not None:
-            await self._settle([request_data], decision, group, usage, text)
+        # Hidden before settling: a failure while counting must not show what the key may not see.
         if not decision.show_reasoning and any(
             [_hide_reasoning(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)]
         ):
-                HIDDEN.labels(group).inc()
+            HIDDEN.labels(group).inc()
+        usage = litellm_data.usage_of(response)
+        if usage is not None:
+            await self._settle([request_data], decision, group, usage, text)
 
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
         decision = _decision_of(data)
