@@ -12,6 +12,9 @@ vision). A handler overrides only the steps it needs. The callback guarantees:
 * any other exception from a handler is logged, counted in
   ``litellm_kv_internal_errors_total{handler,hook}`` and swallowed: the request goes on as if the
   handler had no opinion (for routing: LiteLLM's own choice among the healthy deployments).
+
+What a handler decides for one call it keeps in :attr:`Handler.records` (one table shared by every
+handler of the callback, keyed by LiteLLM's call id), never in the client-writable request metadata.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings
+from litellm_kv.integration.call_records import CallRecords
 
 
 @dataclass(slots=True)
@@ -58,6 +62,7 @@ class ProxyRequest:
     call_type: str
     settings: Settings
     group: ModelGroupSettings | None
+    call_id: str | None = None  # LiteLLM's litellm_call_id: the key of this call's records
     response_headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -70,6 +75,8 @@ class Handler:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # Replaced by the callback with the table it shares among its handlers.
+        self.records = CallRecords()
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         """Whether this handler acts on requests of a model group."""

@@ -4,8 +4,8 @@ Before the call (:meth:`ReasoningHandler.pre_call`): read what the client asked 
 remove every client reasoning field, before anything else can fail; resolve the key/team/group
 policy, check period budgets (429), clamp or reject over the per-request maximum, and write the
 decided fields in the group's provider style (:func:`litellm_kv.governance.reasoning.apply_decision`).
-The decision travels in the request metadata (``metadata.litellm_kv_reasoning``, always overwritten,
-so a client cannot forge it).
+The decision is kept by the proxy under the call's id (:meth:`GovernanceHandler.keep_decision`): a
+call the proxy decided nothing for is charged nothing and hides nothing.
 
 After the call (deployment-level hooks, streams included): take ``reasoning_tokens`` from the
 provider's usage, else count ``reasoning_content`` with the group's tokenizer; write them into
@@ -49,7 +49,6 @@ from litellm_kv.routing.affinity.meters import HFMeter
 log = logging.getLogger("litellm_kv.governance.reasoning")
 
 METER = "reasoning_tokens"
-DECISION_KEY = "litellm_kv_reasoning"
 HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
 HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
 HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
@@ -83,24 +82,19 @@ INVALID_METADATA = counter(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Reasoned:
+    """What pre_call kept for one call: the decision and the configured model group it was taken for."""
+
+    model_group: str
+    decision: ReasoningDecision
+
+
 @dataclass(slots=True)
 class _StreamTally:
     text: list[str] = field(default_factory=list)
     done: bool = False
     started: float = field(default_factory=time.monotonic)
-
-
-def _decision_of(request_data: Mapping[str, Any]) -> ReasoningDecision | None:
-    raw = litellm_data.read_entry(request_data, DECISION_KEY)
-    return ReasoningDecision.from_json(raw) if raw is not None else None
-
-
-def _model_group_of(request_data: Mapping[str, Any]) -> str:
-    for md in litellm_data.metadata_dicts(request_data):
-        raw = md.get(DECISION_KEY)
-        if isinstance(raw, Mapping) and raw.get("model_group"):
-            return str(raw["model_group"])
-    return litellm_data.model_group(request_data)
 
 
 def _reasoning_text(container: Any) -> str:
@@ -188,7 +182,6 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             removed = strip_client_reasoning(data, template_kwarg)
         for name in removed:
             NEUTRALISED.labels(group, name).inc()
-        litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
         policy = self._policy(req, gs)
 
         decision = self._decide(policy, ask, req)
@@ -196,7 +189,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         apply_decision(data, decision, gs)
         # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
         litellm_data.ask_stream_usage(data)
-        litellm_data.write_entry(data, DECISION_KEY, {**decision.to_json(), "model_group": group})
+        self.keep_decision(req, _Reasoned(group, decision))
         req.response_headers[HEADER_BUDGET] = (
             "off" if not decision.thinking else ("unlimited" if decision.budget is None else str(decision.budget))
         )
@@ -333,11 +326,15 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         for target in targets:
             record_breakdown(target, "reasoning", breakdown)
 
+    def _reasoned(self, data: Mapping[str, Any]) -> _Reasoned | None:
+        kept = self.decision_of(data)
+        return kept if isinstance(kept, _Reasoned) else None
+
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
-        decision = _decision_of(request_data)
-        if decision is None:
+        kept = self._reasoned(request_data)
+        if kept is None:
             return
-        group = _model_group_of(request_data)
+        group, decision = kept.model_group, kept.decision
         text = "".join(_reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response))
         # Hidden before settling: a failure while counting must not show what the key may not see.
         if not decision.show_reasoning and any(
@@ -349,7 +346,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             await self._settle([request_data], decision, group, usage, text)
 
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
-        decision = _decision_of(data)
+        kept = self._reasoned(data)
+        decision = kept.decision if kept is not None else None
         if decision is not None and not decision.show_reasoning:
             for c in litellm_data.choices_of(response):
                 _hide_reasoning(litellm_data.field(c, "message"))
@@ -360,9 +358,10 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         LiteLLM 1.110 passes only a stream's *final* chunk to the deployment-level streaming hook and
         keeps the usage chunk to itself, so streams are measured here and settled after the call.
         """
-        decision = _decision_of(data)
-        if decision is None:
+        kept = self._reasoned(data)
+        if kept is None:
             return
+        decision = kept.decision
         call_id = litellm_data.call_id(data) or ""
         tally = self._streams.get(call_id) if call_id else None
         if call_id and tally is None:
@@ -374,18 +373,18 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             if text and tally is not None:
                 tally.text.append(text)
             if not decision.show_reasoning and _hide_reasoning(delta):
-                HIDDEN.labels(_model_group_of(data)).inc()
+                HIDDEN.labels(kept.model_group).inc()
 
     async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
         """Streams: charge budgets and record the breakdown once the whole stream was logged."""
         if not kwargs.get("stream"):
             return
-        decision = _decision_of(kwargs)
-        if decision is None:
+        kept = self._reasoned(kwargs)
+        if kept is None:
             return
+        group, decision = kept.model_group, kept.decision
         call_id = litellm_data.call_id(kwargs) or ""
         tally = self._streams.pop(call_id, None)
-        group = _model_group_of(kwargs)
         usage = litellm_data.usage_of(response)
         text = "".join(tally.text) if tally is not None else "".join(
             _reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)
