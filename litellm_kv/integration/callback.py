@@ -164,7 +164,7 @@ class LiteLLMKV(CustomLogger):
             data=data,
             caller=litellm_data.caller_from_auth(user_api_key_dict),
             model_group=model_group,
-            call_type=str(call_type),
+            call_type=str(getattr(call_type, "value", call_type)),  # a CallTypes member or its string
             settings=self.settings,
             group=self.settings.group(model_group),
             call_id=call_id,

@@ -49,6 +49,10 @@ from litellm_kv.routing.affinity.meters import HFMeter
 log = logging.getLogger("litellm_kv.governance.reasoning")
 
 METER = "reasoning_tokens"
+#: Endpoints whose answers carry reasoning in shapes this handler neither measures nor hides (Responses
+#: ``reasoning`` items, Anthropic ``thinking`` blocks): refused on governed groups rather than served unmetered.
+UNGOVERNED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
+                        "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
 HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
 HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
 HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
@@ -182,6 +186,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             removed = strip_client_reasoning(data, template_kwarg)
         for name in removed:
             NEUTRALISED.labels(group, name).inc()
+        endpoint = UNGOVERNED_ENDPOINTS.get(req.call_type)
+        if endpoint is not None:
+            REJECTED.labels(group, "endpoint").inc()
+            raise PolicyViolation(
+                400, f"Model '{group}' has reasoning budgets, which are measured and enforced on "
+                f"/v1/chat/completions only; {endpoint} is refused on it (use /v1/chat/completions).",
+                limit_name="reasoning.endpoint", value=endpoint, source=f"config model_groups.{group}.reasoning",
+            )
         policy = self._policy(req, gs)
 
         decision = self._decide(policy, ask, req)

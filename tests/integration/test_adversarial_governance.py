@@ -165,3 +165,22 @@ def test_reasoning_show_and_charge_cannot_be_forged_on_an_ungoverned_group(stack
     # The ungoverned group's answer is what the upstream sent (the forged record hid nothing).
     assert r.json()["choices"][0]["message"].get("reasoning_content")
 
+
+# -- every endpoint -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/messages", {"max_tokens": 50, "messages": [{"role": "user", "content": "think"}],
+                      "thinking": {"type": "enabled", "budget_tokens": 4000}}),
+    ("/v1/responses", {"input": "think", "reasoning": {"effort": "high"}}),
+], ids=["messages", "responses"])
+def test_reasoning_max_budget_is_not_bypassed_through_other_endpoints(
+    stack: dict[str, Any], path: str, body: dict[str, Any]
+) -> None:
+    """Their reasoning is neither measured nor hidden yet: a governed group refuses them, naming why."""
+    proxy = stack["proxy"]
+    sent = len(_upstream_requests(stack["upstream"]))
+    r = httpx.post(proxy.url + path, json={"model": "qwen", **body}, headers=proxy.headers("sk-capped"), timeout=60)
+    assert r.status_code == 400, r.text
+    assert "/v1/chat/completions only" in r.text
+    assert len(_upstream_requests(stack["upstream"])) == sent

@@ -133,6 +133,16 @@ async def test_visual_token_limit_refuses_an_image_url_httpx_cannot_fetch() -> N
     assert exc.value.limit_name == "image.invalid_url"
 
 
+
+@pytest.mark.parametrize("call_type", ["aresponses", "anthropic_messages"])
+async def test_reasoning_budgets_refuse_endpoints_they_cannot_meter(call_type: str) -> None:
+    cb = LiteLLMKV(settings=settings(), handlers=[ReasoningHandler(settings(), MemoryPeriodBudgets())])
+    data = _request(reasoning={"effort": "high"})
+    with pytest.raises(ProxyException) as exc:
+        await cb.async_pre_call_hook(UserAPIKeyAuth(), None, data, call_type)
+    assert exc.value.code == "400" and exc.value.param == "reasoning.endpoint"
+    assert "reasoning" not in data  # stripped even so
+
 # -- the table itself ----------------------------------------------------------------------------------
 
 
