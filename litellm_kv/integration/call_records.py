@@ -3,9 +3,11 @@
 A decision (the reasoning budget and the budgets to charge, the visual-token count, the response
 headers) is taken in ``async_pre_call_hook`` and read again after the upstream call. It used to
 travel in the request metadata, which the client writes too; here it stays in process memory,
-keyed by LiteLLM's call id (``litellm_call_id``, the same in every hook of one call). The table is
-bounded (oldest first out) and each record expires, so a client that never finishes its calls
-cannot grow it. See docs/security/failclosed.md.
+keyed by LiteLLM's call id (``litellm_call_id``, the same in every hook of one call) and a token the
+proxy gives the call (:func:`litellm_kv.integration.litellm_data.stamp_call`): the client may choose the
+call id, so the id alone would let one call reach another's records. The table is bounded (oldest
+first out) and each record expires, so a client that never finishes its calls cannot grow it. See
+docs/security/failclosed.md.
 """
 
 from __future__ import annotations
@@ -49,35 +51,29 @@ class CallRecords:
                 return
             self._calls.popitem(last=False)
 
-    def put(self, call_id: str, name: str, value: Any) -> None:
-        """Keep ``value`` under ``name`` for the call ``call_id`` (replacing an earlier value of that name)."""
+    def put(self, key: str, name: str, value: Any) -> None:
+        """Keep ``value`` under ``name`` for the call ``key`` (replacing an earlier value of that name)."""
         now = self._clock()
-        record = self._calls.get(call_id)
+        record = self._calls.get(key)
         if record is None or now - record.created >= self._ttl:
-            self._calls.pop(call_id, None)
-            record = self._calls[call_id] = _Record(now)
+            self._calls.pop(key, None)
+            record = self._calls[key] = _Record(now)
         record.values[name] = value
         self._expire(now)
 
-    def get(self, call_id: str | None, name: str) -> Any | None:
-        """The value kept under ``name`` for ``call_id``; ``None`` when there is none (or it expired)."""
-        if not call_id:
+    def get(self, key: str | None, name: str) -> Any | None:
+        """The value kept under ``name`` for the call ``key``; ``None`` when there is none (or it expired)."""
+        if not key:
             return None
-        record = self._calls.get(call_id)
+        record = self._calls.get(key)
         if record is None:
             return None
         if self._clock() - record.created >= self._ttl:
-            self._calls.pop(call_id, None)
+            self._calls.pop(key, None)
             return None
         return record.values.get(name)
 
-    def holds(self, call_id: str | None) -> bool:
-        """Whether a live record exists for ``call_id`` (a new request reusing it would share it)."""
-        if not call_id:
-            return False
-        self._expire(self._clock())
-        return call_id in self._calls
-
-    def forget(self, call_id: str | None) -> None:
-        if call_id:
-            self._calls.pop(call_id, None)
+    def forget(self, key: str | None) -> None:
+        """Drop the records of a call that is over."""
+        if key:
+            self._calls.pop(key, None)

@@ -150,38 +150,33 @@ class LiteLLMKV(CustomLogger):
     # -- proxy-level hooks (must be defined on this class itself, not inherited) -------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> Any:
         await self.ensure_started()
-        call_id = litellm_data.call_id(data)
         # Before any handler: a client-sent decision, route or header record under our names is never read.
         litellm_data.drop_client_entries(data)
-        if self.records.holds(call_id):
-            # The client chooses the call id (x-litellm-call-id): two live calls must not share one record.
-            raise self._refusal(PolicyViolation(
-                409, f"x-litellm-call-id '{call_id}' is the id of a call still in progress; send a new id "
-                "with every request.", limit_name="call_id", value=call_id, source="request",
-            ))
         model_group = litellm_data.model_group(data)
+        group = self.settings.group(model_group)
+        acting = [h for h in self.handlers if h.enabled_for(group)]
+        # Only a call some handler acts on can have records (an ungoverned call's body stays as sent).
+        record_key = litellm_data.stamp_call(data) if acting else None
         req = ProxyRequest(
             data=data,
             caller=litellm_data.caller_from_auth(user_api_key_dict),
             model_group=model_group,
             call_type=str(getattr(call_type, "value", call_type)),  # a CallTypes member or its string
             settings=self.settings,
-            group=self.settings.group(model_group),
-            call_id=call_id,
+            group=group,
+            record_key=record_key,
         )
-        for h in self.handlers:
-            if not h.enabled_for(req.group):
-                continue
+        for h in acting:
             try:
                 await h.pre_call(req)
             except PolicyViolation as exc:
-                self.records.forget(call_id)
+                self.records.forget(record_key)
                 raise self._refusal(exc) from None
             except Exception as exc:
                 if not h.fails_closed:
                     self._contain(h, "pre_call")
                     continue
-                self.records.forget(call_id)
+                self.records.forget(record_key)
                 log.exception("litellm-kv: %s.pre_call failed on governed model '%s'; refusing the request",
                               h.name, model_group)
                 raise self._refusal(PolicyViolation(
@@ -189,8 +184,8 @@ class LiteLLMKV(CustomLogger):
                     f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
                     "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
                 )) from None
-        if req.response_headers and call_id:
-            self.records.put(call_id, HEADERS_RECORD, dict(req.response_headers))
+        if req.response_headers and record_key:
+            self.records.put(record_key, HEADERS_RECORD, dict(req.response_headers))
         return data
 
     async def async_post_call_failure_hook(
@@ -198,7 +193,7 @@ class LiteLLMKV(CustomLogger):
         traceback_str: str | None = None,
     ) -> Any:
         # The call is over (every retry and fallback failed, or pre_call refused it): its records are done.
-        self.records.forget(litellm_data.call_id(request_data))
+        self.records.forget(litellm_data.call_key(request_data))
         return None
 
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict: Any, response: Any) -> Any:
@@ -233,8 +228,8 @@ class LiteLLMKV(CustomLogger):
         request_headers: dict[str, str] | None = None,
         litellm_call_info: dict[str, Any] | None = None,
     ) -> dict[str, str] | None:
-        call_id = litellm_data.call_id(data)
-        headers = dict(self.records.get(call_id, HEADERS_RECORD) or {})
+        record_key = litellm_data.call_key(data)
+        headers = dict(self.records.get(record_key, HEADERS_RECORD) or {})
         for h in self.handlers:
             try:
                 headers.update(await h.response_headers(data, response))
@@ -242,7 +237,7 @@ class LiteLLMKV(CustomLogger):
                 self._contain(h, "response_headers")
         if not data.get("stream"):
             # The last hook of a plain call that reads its records (a stream's run until it is logged).
-            self.records.forget(call_id)
+            self.records.forget(record_key)
         return headers or None
 
     # -- router-level hooks --------------------------------------------------------------------
@@ -309,7 +304,7 @@ class LiteLLMKV(CustomLogger):
             except Exception:
                 self._contain(h, "log_success")
         if kwargs.get("stream"):
-            self.records.forget(litellm_data.call_id(kwargs))
+            self.records.forget(litellm_data.call_key(kwargs))
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         for h in self.handlers:

@@ -45,19 +45,19 @@ class GovernanceHandler(Handler, Generic[G]):
 
     def keep_decision(self, req: ProxyRequest, decision: object) -> None:
         """Keep this call's decision in the proxy for the hooks after the upstream call."""
-        if not req.call_id:
+        if not req.record_key:
             # Without LiteLLM's call id the later hooks could not find the decision: nothing would be charged.
             raise PolicyViolation(
                 500, f"The {self.section} limits of model '{req.model_group}' cannot be applied: the request has "
                 "no litellm_call_id to keep the decision under.", limit_name=f"{self.section}.internal_error",
                 source="litellm-kv",
             )
-        self.records.put(req.call_id, self.section, decision)
+        self.records.put(req.record_key, self.section, decision)
 
     def decision_of(self, data: Mapping[str, Any]) -> Any | None:
         """The decision :meth:`keep_decision` kept for the call ``data`` belongs to (any hook); ``None``
         when the proxy decided nothing for it (an ungoverned group): then nothing is charged."""
-        return self.records.get(litellm_data.hook_call_id(data), self.section)
+        return self.records.get(litellm_data.call_key(data), self.section)
 
     def group_settings(self, name: str) -> G:
         gs = self._groups.get(name)

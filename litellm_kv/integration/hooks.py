@@ -14,7 +14,8 @@ vision). A handler overrides only the steps it needs. The callback guarantees:
   handler had no opinion (for routing: LiteLLM's own choice among the healthy deployments).
 
 What a handler decides for one call it keeps in :attr:`Handler.records` (one table shared by every
-handler of the callback, keyed by LiteLLM's call id), never in the client-writable request metadata.
+handler of the callback, keyed by LiteLLM's call id and a token of the proxy's own), never in the
+client-writable request metadata.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class ProxyRequest:
     call_type: str
     settings: Settings
     group: ModelGroupSettings | None
-    call_id: str | None = None  # LiteLLM's litellm_call_id: the key of this call's records
+    record_key: str | None = None  # the key of this call's records (litellm_data.stamp_call)
     response_headers: dict[str, str] = field(default_factory=dict)
 
 

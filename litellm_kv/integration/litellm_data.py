@@ -13,6 +13,7 @@ Handlers call these readers and hand plain values to the domain code (:mod:`lite
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -167,6 +168,45 @@ def drop_client_entries(data: Mapping[str, Any]) -> list[str]:
             slm.pop(OWN_PREFIX, None)
             removed.append(f"spend_logs_metadata.{OWN_PREFIX}")
     return removed
+
+
+#: Where pre_call writes the proxy's own token of a call (after every client ``litellm_kv*`` key is gone).
+CALL_TOKEN_KEY = "litellm_kv_call"
+
+
+def stamp_call(data: dict[str, Any]) -> str | None:
+    """Give the call a token of the proxy's own, in the metadata dict LiteLLM hands to the later hooks,
+    and return the key of its records (``<litellm_call_id>/<token>``; ``None`` without a call id).
+
+    The client chooses ``litellm_call_id`` (``x-litellm-call-id``), so the id alone would let a second
+    call, concurrent or later, read or drop the records of the first; the token tells them apart.
+    """
+    cid = call_id(data)
+    if not cid:
+        return None
+    token = secrets.token_urlsafe(16)
+    # LiteLLM's own dict: ``litellm_metadata`` on the routes that have one (there ``metadata`` is the
+    # provider's parameter and is sent upstream), else ``metadata``.
+    lm = data.get("litellm_metadata")
+    if isinstance(lm, dict):
+        lm[CALL_TOKEN_KEY] = token
+    else:
+        if not isinstance(data.get("metadata"), dict):
+            data["metadata"] = {}
+        data["metadata"][CALL_TOKEN_KEY] = token
+    return f"{cid}/{token}"
+
+
+def call_key(data: Mapping[str, Any]) -> str | None:
+    """The key :func:`stamp_call` returned for the call ``data`` belongs to, in any hook of it."""
+    cid = hook_call_id(data)
+    if not cid:
+        return None
+    for md in metadata_dicts(data):
+        token = md.get(CALL_TOKEN_KEY)
+        if isinstance(token, str) and token:
+            return f"{cid}/{token}"
+    return None
 
 
 def logged_call_targets(kwargs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart
 from litellm_kv.integration.call_records import CallRecords
 from litellm_kv.integration.callback import LiteLLMKV
 from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.litellm_data import CALL_TOKEN_KEY
 from litellm_kv.integration.reasoning_hooks import ReasoningHandler
 from litellm_kv.integration.vision_hooks import VisionHandler
 
@@ -75,23 +76,28 @@ async def test_client_litellm_kv_entries_are_dropped_before_any_handler() -> Non
     seen = Seen(settings())
     cb = LiteLLMKV(settings=settings(), handlers=[seen])
     md = {"litellm_kv_vision": {"tokens": 1}, "litellm_kv_headers": {"set-cookie": "x"}, "litellm_kv_route": {},
-          "spend_logs_metadata": {"litellm_kv": {"forged": 1}, "mine": 1}, "tags": ["a"]}
+          CALL_TOKEN_KEY: "the-client-s-token", "spend_logs_metadata": {"litellm_kv": {"forged": 1}, "mine": 1},
+          "tags": ["a"]}
     data = _request(metadata=md, litellm_metadata={"litellm_kv_reasoning": {"budget": 9}})
     await cb.async_pre_call_hook(UserAPIKeyAuth(), None, data, "completion")
     assert seen.metadata == [{"spend_logs_metadata": {"mine": 1}, "tags": ["a"]}]
-    assert data["litellm_metadata"] == {}
+    # The proxy's own token, written (into LiteLLM's dict of this route) after the client's were dropped.
+    token = data["litellm_metadata"].pop(CALL_TOKEN_KEY)
+    assert token != "the-client-s-token" and data["litellm_metadata"] == {}
 
 
-async def test_call_id_of_a_call_in_progress_is_refused() -> None:
-    """The client chooses x-litellm-call-id: a second live call under the same id would share its record."""
+async def test_a_reused_call_id_reaches_no_other_call_s_record() -> None:
+    """The client chooses x-litellm-call-id: a second call under the same id neither reads nor ends the first's."""
     cb = LiteLLMKV(settings=settings(), handlers=[ReasoningHandler(settings(), MemoryPeriodBudgets())])
-    await cb.async_pre_call_hook(UserAPIKeyAuth(), None, _request("dup"), "completion")
-    with pytest.raises(ProxyException) as exc:
-        await cb.async_pre_call_hook(UserAPIKeyAuth(), None, _request("dup"), "completion")
-    assert exc.value.code == "409"
-    # Once the first call is over (its response headers were sent) the id may be used again.
-    await cb.async_post_call_response_headers_hook(_request("dup"), UserAPIKeyAuth(), None)
-    await cb.async_pre_call_hook(UserAPIKeyAuth(), None, _request("dup"), "completion")
+    first = _request("dup")
+    await cb.async_pre_call_hook(UserAPIKeyAuth(), None, first, "completion")
+    second = {"model": "other", "litellm_call_id": "dup", "metadata": {}}
+    await cb.async_pre_call_hook(UserAPIKeyAuth(), None, second, "completion")
+    assert await cb.async_post_call_response_headers_hook(second, UserAPIKeyAuth(), None) is None
+    assert await cb.async_post_call_response_headers_hook(first, UserAPIKeyAuth(), None) == {
+        "x-litellm-kv-reasoning-budget": "5"}
+    # The first call is over: its record is gone.
+    assert await cb.async_post_call_response_headers_hook(first, UserAPIKeyAuth(), None) is None
 
 
 async def test_visual_token_budgets_cannot_be_charged_by_a_forged_decision() -> None:
@@ -167,7 +173,7 @@ def test_call_records_expire() -> None:
     records = CallRecords(max_calls=10, ttl_s=60, clock=clock)
     records.put("a", "reasoning", 1)
     clock.now = 59
-    assert records.holds("a") and records.get("a", "reasoning") == 1
+    assert records.get("a", "reasoning") == 1
     clock.now = 60
-    assert records.get("a", "reasoning") is None and not records.holds("a")
+    assert records.get("a", "reasoning") is None and len(records) == 0
     assert records.get(None, "reasoning") is None
