@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.proxy
 REASONING_WORDS = 20
 FORGED_GROUP = "forged-label-from-the-client"
 VICTIM_TEAM = "t-victim"
+CEILING_PIXELS = 28 * 28 * 256  # unfetched remote images count at 256 tokens, and the engine is held to it
 
 KEYS: dict[str, dict[str, Any]] = {
     "sk-plain": {"key_alias": "plain", "metadata": {}},
@@ -51,6 +53,7 @@ def stack() -> Iterator[dict[str, Any]]:
         "model_list": [
             {"model_name": "qwen", "litellm_params": dep},
             {"model_name": "qwen-vl", "litellm_params": dep},
+            {"model_name": "qwen-vl-capped", "litellm_params": dep},
             {"model_name": "open", "litellm_params": dep},  # no litellm_kv section: ungoverned
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
@@ -58,6 +61,7 @@ def stack() -> Iterator[dict[str, Any]]:
             "qwen": {"reasoning": {"style": "vllm", "max_budget": 50}},
             "qwen-vl": {"vision": {"family": "qwen2_5_vl", "max_visual_tokens_per_request": 1000,
                                    "fetch": {"allow_hosts": ["127.0.0.1"], "timeout_s": 1.0}}},
+            "qwen-vl-capped": {"vision": {"family": "qwen2_5_vl", "max_pixels": CEILING_PIXELS}},
         }},
     }
     proxy = start_proxy(config, name="litellm-adversarial", keys=KEYS, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
@@ -184,3 +188,27 @@ def test_reasoning_max_budget_is_not_bypassed_through_other_endpoints(
     assert r.status_code == 400, r.text
     assert "/v1/chat/completions only" in r.text
     assert len(_upstream_requests(stack["upstream"])) == sent
+
+
+
+# -- the proxy's own decisions still reach every later hook ----------------------------------------------
+
+
+def test_visual_token_ceiling_kept_by_the_proxy_reaches_the_engine(stack: dict[str, Any]) -> None:
+    """The decision kept under the call's key is what the deployment hook sends (mm_processor_kwargs)."""
+    r = _chat(stack["proxy"], "sk-plain", "qwen-vl-capped", _image("http://localhost:9/never-fetched.png"))
+    assert r.status_code == 200, r.text
+    assert _upstream_requests(stack["upstream"])[-1]["body"]["mm_processor_kwargs"] == {"max_pixels": CEILING_PIXELS}
+    assert r.headers["x-litellm-kv-visual-tokens"] == "256"
+
+
+def test_streamed_visual_tokens_are_charged_from_the_proxy_s_decision(stack: dict[str, Any]) -> None:
+    proxy = stack["proxy"]
+    body = {"model": "qwen-vl", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": _image(_png(28, 28))}]}
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=60,
+                      headers=proxy.headers("sk-plain")) as s:
+        assert s.status_code == 200
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    usage = next(c["usage"] for c in reversed(chunks) if c.get("usage"))
+    assert usage["prompt_tokens_details"]["image_tokens"] == 4
