@@ -59,7 +59,7 @@ class PolicyLayer:
 
     def error(self, field_name: str, problem: str, value: Any = None) -> Exception:
         """The error for a malformed field of this layer, naming the source and the field path."""
-        shown = json.dumps(value) if _jsonable(value) else repr(value)
+        shown = _shown(value)
         message = f"{self.source}: {self.path}.{field_name} {problem}, got {shown}"
         if self.from_metadata:
             return MetadataError(
@@ -115,12 +115,22 @@ class PolicyLayer:
                 raise self.error(str(name), problem, self.values[name])
 
 
-def _jsonable(value: Any) -> bool:
+#: Characters of a bad value quoted in an error message (the rest is cut: a message stays readable).
+SHOWN_CHARS = 200
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error message quotes it: JSON if it can be, cut to :data:`SHOWN_CHARS`."""
     try:
-        json.dumps(value)
+        text = json.dumps(value)
     except (TypeError, ValueError):
-        return False
-    return True
+        try:
+            text = repr(value)
+        except RecursionError:
+            text = "<nested too deeply to show>"
+    except RecursionError:
+        text = "<nested too deeply to show>"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
 
 
 def _as_mapping(value: Any, *, where: str, path: str) -> Mapping[str, Any]:
@@ -136,6 +146,12 @@ def _as_mapping(value: Any, *, where: str, path: str) -> Mapping[str, Any]:
         except json.JSONDecodeError as exc:
             raise MetadataError(
                 400, f"{where}: {path} is not valid JSON ({exc.msg} at position {exc.pos})",
+                limit_name=path, value=text[:200], source=where,
+            ) from None
+        except RecursionError:
+            # json.loads recurses once per nesting level: a deep enough string exhausts the stack.
+            raise MetadataError(
+                400, f"{where}: {path} is nested too deeply to be read as JSON",
                 limit_name=path, value=text[:200], source=where,
             ) from None
     if not isinstance(value, Mapping):

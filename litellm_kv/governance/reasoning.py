@@ -84,6 +84,11 @@ CLIENT_REASONING_FIELDS = (
     "chat_template",
 )
 TEMPLATE_SWITCHES = ("enable_thinking", "thinking", "reasoning_effort")
+#: The chat-template switch of Qwen3-style templates (``GroupReasoningSettings.template_kwarg``'s default).
+DEFAULT_TEMPLATE_KWARG = "enable_thinking"
+#: Largest thinking budget a client ask is read as: larger values (a 400-digit integer) are clamped to it,
+#: so every later step works with a number an engine accepts (a signed 32-bit integer).
+MAX_CLIENT_BUDGET = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -103,7 +108,7 @@ class GroupReasoningSettings:
     template_kwarg: str = doc(
         "chat_template_kwargs switch that turns thinking on/off for style 'vllm': 'enable_thinking' "
         "(Qwen3-style templates) or 'thinking' (DeepSeek-V3.1-style).",
-        default="enable_thinking",
+        default=DEFAULT_TEMPLATE_KWARG,
     )
     answer_tokens: int = doc(
         "When max_tokens would not leave room for an answer after the thinking budget, max_tokens is "
@@ -210,10 +215,16 @@ def _effort_budget(effort: Any, efforts: Mapping[str, int]) -> int | None:
 
 
 def _as_budget(value: Any) -> int | None:
+    """A client's budget as a bounded int; ``None`` when it is not a number >= 0.
+
+    Integers are never converted to float: ``math.isfinite`` of a huge int raises ``OverflowError``.
+    """
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float) and value >= 0 and math.isfinite(value):
-        return int(value)
+    if isinstance(value, int):
+        return min(value, MAX_CLIENT_BUDGET) if value >= 0 else None
+    if isinstance(value, float) and value >= 0 and math.isfinite(value):
+        return min(int(value), MAX_CLIENT_BUDGET)
     return None
 
 

@@ -6,8 +6,11 @@ litellm_settings:
 ```
 
 It fans every hook out to the feature handlers (:mod:`litellm_kv.integration.hooks`) and contains
-their failures: a bug or an unreachable dependency in litellm-kv never fails a request; only a
-deliberate :class:`~litellm_kv.errors.PolicyViolation` does.
+their failures: a bug or an unreachable dependency in routing or affinity never fails a request. Where
+a limit is at stake (a governance handler's ``pre_call`` on a governed group) a failure refuses the
+request instead: sending it on would skip the limit. Whatever the client wrote under litellm-kv's
+names in the request metadata is dropped before any handler runs; decisions and response headers
+live in the callback's :class:`~litellm_kv.integration.call_records.CallRecords`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from litellm.proxy._types import ProxyException
 from litellm_kv.config import Settings, load_settings
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.integration import litellm_data
+from litellm_kv.integration.call_records import CallRecords
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
 
@@ -39,8 +43,8 @@ REJECTIONS = counter(
     "policy_rejections", "Requests rejected by a litellm-kv limit.", ["limit", "status"]
 )
 
-#: Where pre_call leaves the response headers the handlers chose, for the response-headers hook.
-HEADERS_KEY = "litellm_kv_headers"
+#: The record under which pre_call keeps the response headers the handlers chose.
+HEADERS_RECORD = "headers"
 
 # Order matters in pre_call: vision may downscale (changing prompt tokens) before routing sees them.
 HANDLER_PATHS = (
@@ -69,7 +73,10 @@ class LiteLLMKV(CustomLogger):
     def __init__(self, settings: Settings | None = None, handlers: list[Handler] | None = None) -> None:
         super().__init__()
         self._settings = settings
+        self.records = CallRecords()
         self._handlers = handlers
+        if handlers is not None:
+            self._share_records(handlers)
         self._started: asyncio.Lock | None = None
         self._ready = False
 
@@ -93,8 +100,14 @@ class LiteLLMKV(CustomLogger):
                     log.exception("litellm-kv: cannot load handler %s", path)
                     continue
                 handlers.append(cls(self.settings))
+            self._share_records(handlers)
             self._handlers = handlers
         return self._handlers
+
+    def _share_records(self, handlers: list[Handler]) -> None:
+        # One table for the call: the callback checks call-id reuse and keeps headers in the same one.
+        for h in handlers:
+            h.records = self.records
 
     def handler(self, name: str) -> Handler | None:
         return next((h for h in self.handlers if h.name == name), None)
@@ -122,38 +135,66 @@ class LiteLLMKV(CustomLogger):
         INTERNAL_ERRORS.labels(h.name, hook).inc()
         log.exception("litellm-kv: %s.%s failed; continuing without it", h.name, hook)
 
+    @staticmethod
+    def _refusal(exc: PolicyViolation) -> ProxyException:
+        REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
+        log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
+        return ProxyException(
+            message=exc.message,
+            type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
+            param=exc.limit_name or None,
+            code=exc.status_code,
+            headers=dict(exc.headers),
+        )
+
     # -- proxy-level hooks (must be defined on this class itself, not inherited) -------------
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> Any:
         await self.ensure_started()
+        # Before any handler: a client-sent decision, route or header record under our names is never read.
+        litellm_data.drop_client_entries(data)
         model_group = litellm_data.model_group(data)
+        group = self.settings.group(model_group)
+        acting = [h for h in self.handlers if h.enabled_for(group)]
+        # Only a call some handler acts on can have records (an ungoverned call's body stays as sent).
+        record_key = litellm_data.stamp_call(data) if acting else None
         req = ProxyRequest(
             data=data,
             caller=litellm_data.caller_from_auth(user_api_key_dict),
             model_group=model_group,
-            call_type=str(call_type),
+            call_type=str(getattr(call_type, "value", call_type)),  # a CallTypes member or its string
             settings=self.settings,
-            group=self.settings.group(model_group),
+            group=group,
+            record_key=record_key,
         )
-        for h in self.handlers:
-            if not h.enabled_for(req.group):
-                continue
+        for h in acting:
             try:
                 await h.pre_call(req)
             except PolicyViolation as exc:
-                REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
-                log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
-                raise ProxyException(
-                    message=exc.message,
-                    type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
-                    param=exc.limit_name or None,
-                    code=exc.status_code,
-                    headers=dict(exc.headers),
-                ) from None
-            except Exception:
-                self._contain(h, "pre_call")
-        if req.response_headers:
-            litellm_data.add_response_headers(data, HEADERS_KEY, req.response_headers)
+                self.records.forget(record_key)
+                raise self._refusal(exc) from None
+            except Exception as exc:
+                if not h.fails_closed:
+                    self._contain(h, "pre_call")
+                    continue
+                self.records.forget(record_key)
+                log.exception("litellm-kv: %s.pre_call failed on governed model '%s'; refusing the request",
+                              h.name, model_group)
+                raise self._refusal(PolicyViolation(
+                    500, f"The {h.name} limits of model '{model_group}' could not be applied to this request "
+                    f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
+                    "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
+                )) from None
+        if req.response_headers and record_key:
+            self.records.put(record_key, HEADERS_RECORD, dict(req.response_headers))
         return data
+
+    async def async_post_call_failure_hook(
+        self, request_data: dict, original_exception: Exception, user_api_key_dict: Any,
+        traceback_str: str | None = None,
+    ) -> Any:
+        # The call is over (every retry and fallback failed, or pre_call refused it): its records are done.
+        self.records.forget(litellm_data.call_key(request_data))
+        return None
 
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict: Any, response: Any) -> Any:
         for h in self.handlers:
@@ -187,12 +228,16 @@ class LiteLLMKV(CustomLogger):
         request_headers: dict[str, str] | None = None,
         litellm_call_info: dict[str, Any] | None = None,
     ) -> dict[str, str] | None:
-        headers = litellm_data.response_headers_of(data, HEADERS_KEY)
+        record_key = litellm_data.call_key(data)
+        headers = dict(self.records.get(record_key, HEADERS_RECORD) or {})
         for h in self.handlers:
             try:
                 headers.update(await h.response_headers(data, response))
             except Exception:
                 self._contain(h, "response_headers")
+        if not data.get("stream"):
+            # The last hook of a plain call that reads its records (a stream's run until it is logged).
+            self.records.forget(record_key)
         return headers or None
 
     # -- router-level hooks --------------------------------------------------------------------
@@ -258,6 +303,8 @@ class LiteLLMKV(CustomLogger):
                 await h.log_success(kwargs, response_obj)
             except Exception:
                 self._contain(h, "log_success")
+        if kwargs.get("stream"):
+            self.records.forget(litellm_data.call_key(kwargs))
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         for h in self.handlers:

@@ -1,13 +1,17 @@
 """What the per-key governance handlers (reasoning, vision) share: a section of their own in each model
-group's config, parsed once per group, and period budgets (in memory, or Redis when ``redis_url`` is set)."""
+group's config, parsed once per group, period budgets (in memory, or Redis when ``redis_url`` is set),
+failing closed, and the per-call decision kept by the proxy (never read from the request)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.errors import PolicyViolation
 from litellm_kv.governance.budgets import PeriodBudgets, make_period_budgets
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
+from litellm_kv.integration import litellm_data
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 
 G = TypeVar("G")
@@ -19,6 +23,7 @@ class GovernanceHandler(Handler, Generic[G]):
     section = ""  # "reasoning" or "vision": the ModelGroupSettings field
     group_settings_cls: type[Any] = object  # the dataclass of the group-level options
     policy_fields: tuple[str, ...] = ()  # keys of the section that are limits, not group options
+    fails_closed = True  # an error while deciding must not send the request on without its limits
 
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings)
@@ -37,6 +42,22 @@ class GovernanceHandler(Handler, Generic[G]):
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         return group is not None and bool(getattr(group, self.section))
+
+    def keep_decision(self, req: ProxyRequest, decision: object) -> None:
+        """Keep this call's decision in the proxy for the hooks after the upstream call."""
+        if not req.record_key:
+            # Without LiteLLM's call id the later hooks could not find the decision: nothing would be charged.
+            raise PolicyViolation(
+                500, f"The {self.section} limits of model '{req.model_group}' cannot be applied: the request has "
+                "no litellm_call_id to keep the decision under.", limit_name=f"{self.section}.internal_error",
+                source="litellm-kv",
+            )
+        self.records.put(req.record_key, self.section, decision)
+
+    def decision_of(self, data: Mapping[str, Any]) -> Any | None:
+        """The decision :meth:`keep_decision` kept for the call ``data`` belongs to (any hook); ``None``
+        when the proxy decided nothing for it (an ungoverned group): then nothing is charged."""
+        return self.records.get(litellm_data.call_key(data), self.section)
 
     def group_settings(self, name: str) -> G:
         gs = self._groups.get(name)

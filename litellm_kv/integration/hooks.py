@@ -6,9 +6,16 @@ vision). A handler overrides only the steps it needs. The callback guarantees:
 
 * a :class:`~litellm_kv.errors.PolicyViolation` raised in :meth:`Handler.pre_call` becomes the
   HTTP error the caller sees;
+* any other exception in :meth:`Handler.pre_call` of a handler that :attr:`~Handler.fails_closed`
+  (the governance handlers: a limit is at stake) refuses the request with HTTP 500 naming the limits
+  that could not be applied;
 * any other exception from a handler is logged, counted in
   ``litellm_kv_internal_errors_total{handler,hook}`` and swallowed: the request goes on as if the
   handler had no opinion (for routing: LiteLLM's own choice among the healthy deployments).
+
+What a handler decides for one call it keeps in :attr:`Handler.records` (one table shared by every
+handler of the callback, keyed by LiteLLM's call id and a token of the proxy's own), never in the
+client-writable request metadata.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings
+from litellm_kv.integration.call_records import CallRecords
 
 
 @dataclass(slots=True)
@@ -55,6 +63,7 @@ class ProxyRequest:
     call_type: str
     settings: Settings
     group: ModelGroupSettings | None
+    record_key: str | None = None  # the key of this call's records (litellm_data.stamp_call)
     response_headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -62,9 +71,13 @@ class Handler:
     """Base class of a feature's part of the request path. Every method is a no-op by default."""
 
     name = "handler"
+    #: True when a failure of :meth:`pre_call` must refuse the request: sending it on would skip a limit.
+    fails_closed = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # Replaced by the callback with the table it shares among its handlers.
+        self.records = CallRecords()
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         """Whether this handler acts on requests of a model group."""

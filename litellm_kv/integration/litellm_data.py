@@ -13,6 +13,7 @@ Handlers call these readers and hand plain values to the domain code (:mod:`lite
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -64,6 +65,18 @@ def call_id(data: Mapping[str, Any]) -> str | None:
     """LiteLLM's id of one call (``litellm_call_id``), the same in every hook of that call."""
     value = data.get("litellm_call_id")
     return str(value) if value else None
+
+
+def hook_call_id(data: Mapping[str, Any]) -> str | None:
+    """The call id in any hook of a call, from where only LiteLLM writes it: top level, else
+    ``litellm_params`` (never the request metadata, which the client writes too)."""
+    cid = call_id(data)
+    if cid:
+        return cid
+    lp = data.get("litellm_params")
+    if isinstance(lp, Mapping) and lp.get("litellm_call_id"):
+        return str(lp["litellm_call_id"])
+    return None
 
 
 def routed_call_id(data: Mapping[str, Any]) -> str | None:
@@ -137,44 +150,63 @@ def metadata_dicts(data: Mapping[str, Any]) -> list[MutableMapping[str, Any]]:
     return out
 
 
-def read_entry(data: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    """The first mapping stored under ``key`` in any of the request's metadata dicts."""
+#: Names litellm-kv writes into request metadata (its routing record, its spend-log breakdown): a client
+#: sending any of them is dropped on entry, so what a later hook finds there was written by the proxy.
+OWN_PREFIX = "litellm_kv"
+
+
+def drop_client_entries(data: Mapping[str, Any]) -> list[str]:
+    """Remove every ``litellm_kv*`` key (and ``spend_logs_metadata.litellm_kv``) from the request's
+    metadata dicts; returns the dotted names removed."""
+    removed: list[str] = []
     for md in metadata_dicts(data):
-        raw = md.get(key)
-        if isinstance(raw, Mapping):
-            return raw
-    return None
+        for key in [k for k in md if isinstance(k, str) and k.startswith(OWN_PREFIX)]:
+            md.pop(key, None)
+            removed.append(key)
+        slm = md.get("spend_logs_metadata")
+        if isinstance(slm, MutableMapping) and OWN_PREFIX in slm:
+            slm.pop(OWN_PREFIX, None)
+            removed.append(f"spend_logs_metadata.{OWN_PREFIX}")
+    return removed
 
 
-def drop_entry(data: Mapping[str, Any], key: str) -> None:
-    """Remove ``key`` from every metadata dict (a client may not send what only litellm-kv writes)."""
-    for md in metadata_dicts(data):
-        md.pop(key, None)
+#: Where pre_call writes the proxy's own token of a call (after every client ``litellm_kv*`` key is gone).
+CALL_TOKEN_KEY = "litellm_kv_call"
 
 
-def write_entry(data: dict[str, Any], key: str, value: Any) -> None:
-    """Store ``value`` under ``key`` in ``data["metadata"]`` (created if missing) and ``litellm_metadata``,
-    where the later hooks of the call find it."""
-    if not isinstance(data.get("metadata"), dict):
-        data["metadata"] = {}
-    data["metadata"][key] = value
+def stamp_call(data: dict[str, Any]) -> str | None:
+    """Give the call a token of the proxy's own, in the metadata dict LiteLLM hands to the later hooks,
+    and return the key of its records (``<litellm_call_id>/<token>``; ``None`` without a call id).
+
+    The client chooses ``litellm_call_id`` (``x-litellm-call-id``), so the id alone would let a second
+    call, concurrent or later, read or drop the records of the first; the token tells them apart.
+    """
+    cid = call_id(data)
+    if not cid:
+        return None
+    token = secrets.token_urlsafe(16)
+    # LiteLLM's own dict: ``litellm_metadata`` on the routes that have one (there ``metadata`` is the
+    # provider's parameter and is sent upstream), else ``metadata``.
     lm = data.get("litellm_metadata")
     if isinstance(lm, dict):
-        lm[key] = value
+        lm[CALL_TOKEN_KEY] = token
+    else:
+        if not isinstance(data.get("metadata"), dict):
+            data["metadata"] = {}
+        data["metadata"][CALL_TOKEN_KEY] = token
+    return f"{cid}/{token}"
 
 
-def add_response_headers(data: dict[str, Any], key: str, headers: Mapping[str, str]) -> None:
-    """Keep ``headers`` under ``key`` of the request metadata for the response-headers hook."""
-    request_metadata(data).setdefault(key, {}).update(headers)
-    data.setdefault("metadata", {}).setdefault(key, {}).update(headers)
-
-
-def response_headers_of(data: Mapping[str, Any], key: str) -> dict[str, str]:
-    """The headers :func:`add_response_headers` kept (empty when none)."""
-    md = data.get("metadata") if isinstance(data.get("metadata"), dict) else None
-    if md and isinstance(md.get(key), dict):
-        return dict(md[key])
-    return {}
+def call_key(data: Mapping[str, Any]) -> str | None:
+    """The key :func:`stamp_call` returned for the call ``data`` belongs to, in any hook of it."""
+    cid = hook_call_id(data)
+    if not cid:
+        return None
+    for md in metadata_dicts(data):
+        token = md.get(CALL_TOKEN_KEY)
+        if isinstance(token, str) and token:
+            return f"{cid}/{token}"
+    return None
 
 
 def logged_call_targets(kwargs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,10 +1,11 @@
 """Reasoning budgets in the proxy: decide and enforce before the call, measure and charge after it.
 
-Before the call (:meth:`ReasoningHandler.pre_call`): resolve the key/team/group policy, read what
-the client asked for (any field), remove every client reasoning field, check period budgets (429),
-clamp or reject over the per-request maximum, and write the decided fields in the group's provider
-style (:func:`litellm_kv.governance.reasoning.apply_decision`). The decision travels in the request metadata
-(``metadata.litellm_kv_reasoning``, always overwritten, so a client cannot forge it).
+Before the call (:meth:`ReasoningHandler.pre_call`): read what the client asked for (any field) and
+remove every client reasoning field, before anything else can fail; resolve the key/team/group
+policy, check period budgets (429), clamp or reject over the per-request maximum, and write the
+decided fields in the group's provider style (:func:`litellm_kv.governance.reasoning.apply_decision`).
+The decision is kept by the proxy under the call's id (:meth:`GovernanceHandler.keep_decision`): a
+call the proxy decided nothing for is charged nothing and hides nothing.
 
 After the call (deployment-level hooks, streams included): take ``reasoning_tokens`` from the
 provider's usage, else count ``reasoning_content`` with the group's tokenizer; write them into
@@ -26,6 +27,7 @@ from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
+    DEFAULT_TEMPLATE_KWARG,
     POLICY_FIELDS,
     ClientAsk,
     GroupReasoningSettings,
@@ -47,7 +49,10 @@ from litellm_kv.routing.affinity.meters import HFMeter
 log = logging.getLogger("litellm_kv.governance.reasoning")
 
 METER = "reasoning_tokens"
-DECISION_KEY = "litellm_kv_reasoning"
+#: Endpoints whose answers carry reasoning in shapes this handler neither measures nor hides (Responses
+#: ``reasoning`` items, Anthropic ``thinking`` blocks): refused on governed groups rather than served unmetered.
+UNGOVERNED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
+                        "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
 HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
 HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
 HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
@@ -81,24 +86,19 @@ INVALID_METADATA = counter(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Reasoned:
+    """What pre_call kept for one call: the decision and the configured model group it was taken for."""
+
+    model_group: str
+    decision: ReasoningDecision
+
+
 @dataclass(slots=True)
 class _StreamTally:
     text: list[str] = field(default_factory=list)
     done: bool = False
     started: float = field(default_factory=time.monotonic)
-
-
-def _decision_of(request_data: Mapping[str, Any]) -> ReasoningDecision | None:
-    raw = litellm_data.read_entry(request_data, DECISION_KEY)
-    return ReasoningDecision.from_json(raw) if raw is not None else None
-
-
-def _model_group_of(request_data: Mapping[str, Any]) -> str:
-    for md in litellm_data.metadata_dicts(request_data):
-        raw = md.get(DECISION_KEY)
-        if isinstance(raw, Mapping) and raw.get("model_group"):
-            return str(raw["model_group"])
-    return litellm_data.model_group(request_data)
 
 
 def _reasoning_text(container: Any) -> str:
@@ -173,23 +173,35 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
     async def pre_call(self, req: ProxyRequest) -> None:
         data = req.data
         group = req.model_group
+        template_kwarg = DEFAULT_TEMPLATE_KWARG
         try:
             gs = self.group_settings(group)
+            template_kwarg = gs.template_kwarg
+            ask = read_client_ask(data, gs.effort_budgets, template_kwarg)
         except ConfigError:
-            log.exception("litellm-kv: invalid reasoning config for group %s; not enforcing", group)
+            log.exception("litellm-kv: invalid reasoning config for group %s; refusing", group)
             raise
-        policy = self._policy(req, gs)
-        ask = read_client_ask(data, gs.effort_budgets, gs.template_kwarg)
-        for name in strip_client_reasoning(data, gs.template_kwarg):
+        finally:
+            # The client's fields go first, whatever fails next: none of them may reach the provider.
+            removed = strip_client_reasoning(data, template_kwarg)
+        for name in removed:
             NEUTRALISED.labels(group, name).inc()
-        litellm_data.drop_entry(data, DECISION_KEY)  # a client-sent decision is never trusted
+        endpoint = UNGOVERNED_ENDPOINTS.get(req.call_type)
+        if endpoint is not None:
+            REJECTED.labels(group, "endpoint").inc()
+            raise PolicyViolation(
+                400, f"Model '{group}' has reasoning budgets, which are measured and enforced on "
+                f"/v1/chat/completions only; {endpoint} is refused on it (use /v1/chat/completions).",
+                limit_name="reasoning.endpoint", value=endpoint, source=f"config model_groups.{group}.reasoning",
+            )
+        policy = self._policy(req, gs)
 
         decision = self._decide(policy, ask, req)
         await self._check_periods(policy, decision, req, gs)
         apply_decision(data, decision, gs)
         # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
         litellm_data.ask_stream_usage(data)
-        litellm_data.write_entry(data, DECISION_KEY, {**decision.to_json(), "model_group": group})
+        self.keep_decision(req, _Reasoned(group, decision))
         req.response_headers[HEADER_BUDGET] = (
             "off" if not decision.thinking else ("unlimited" if decision.budget is None else str(decision.budget))
         )
@@ -326,22 +338,28 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         for target in targets:
             record_breakdown(target, "reasoning", breakdown)
 
+    def _reasoned(self, data: Mapping[str, Any]) -> _Reasoned | None:
+        kept = self.decision_of(data)
+        return kept if isinstance(kept, _Reasoned) else None
+
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
-        decision = _decision_of(request_data)
-        if decision is None:
+        kept = self._reasoned(request_data)
+        if kept is None:
             return
-        group = _model_group_of(request_data)
+        group, decision = kept.model_group, kept.decision
         text = "".join(_reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response))
-        usage = litellm_data.usage_of(response)
-        if usage is not None:
-            await self._settle([request_data], decision, group, usage, text)
+        # Hidden before settling: a failure while counting must not show what the key may not see.
         if not decision.show_reasoning and any(
             [_hide_reasoning(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)]
         ):
-                HIDDEN.labels(group).inc()
+            HIDDEN.labels(group).inc()
+        usage = litellm_data.usage_of(response)
+        if usage is not None:
+            await self._settle([request_data], decision, group, usage, text)
 
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
-        decision = _decision_of(data)
+        kept = self._reasoned(data)
+        decision = kept.decision if kept is not None else None
         if decision is not None and not decision.show_reasoning:
             for c in litellm_data.choices_of(response):
                 _hide_reasoning(litellm_data.field(c, "message"))
@@ -352,9 +370,10 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         LiteLLM 1.110 passes only a stream's *final* chunk to the deployment-level streaming hook and
         keeps the usage chunk to itself, so streams are measured here and settled after the call.
         """
-        decision = _decision_of(data)
-        if decision is None:
+        kept = self._reasoned(data)
+        if kept is None:
             return
+        decision = kept.decision
         call_id = litellm_data.call_id(data) or ""
         tally = self._streams.get(call_id) if call_id else None
         if call_id and tally is None:
@@ -366,18 +385,18 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             if text and tally is not None:
                 tally.text.append(text)
             if not decision.show_reasoning and _hide_reasoning(delta):
-                HIDDEN.labels(_model_group_of(data)).inc()
+                HIDDEN.labels(kept.model_group).inc()
 
     async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
         """Streams: charge budgets and record the breakdown once the whole stream was logged."""
         if not kwargs.get("stream"):
             return
-        decision = _decision_of(kwargs)
-        if decision is None:
+        kept = self._reasoned(kwargs)
+        if kept is None:
             return
+        group, decision = kept.model_group, kept.decision
         call_id = litellm_data.call_id(kwargs) or ""
         tally = self._streams.pop(call_id, None)
-        group = _model_group_of(kwargs)
         usage = litellm_data.usage_of(response)
         text = "".join(tally.text) if tally is not None else "".join(
             _reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)

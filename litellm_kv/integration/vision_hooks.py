@@ -7,8 +7,8 @@ visual tokens with the group's model family, resolve the key/team/group limits a
 (400 naming the limit, the value and where it was set; 429 when a period budget is spent) or
 downscale: pick the largest ``max_pixels`` that fits every limit, which
 :meth:`VisionHandler.pre_deployment` sends to vLLM deployments as ``mm_processor_kwargs.max_pixels``
-so the engine itself resizes. The decision travels in ``metadata.litellm_kv_vision`` (always
-overwritten, so a client cannot forge it).
+so the engine itself resizes. The decision is kept by the proxy under the call's id
+(:meth:`GovernanceHandler.keep_decision`): a call the proxy decided nothing for is charged nothing.
 
 After the call (streams included): the engine's own count (vLLM
 ``usage.prompt_tokens_details.multimodal_tokens``) when reported, else ours, is written to
@@ -56,7 +56,6 @@ from litellm_kv.tasks import spawn_held
 log = logging.getLogger("litellm_kv.governance.vision")
 
 METER = "visual_tokens"
-DECISION_KEY = "litellm_kv_vision"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
 
@@ -112,7 +111,11 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def _fetch_size(
         self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
     ) -> tuple[int, int] | None:
-        host = (urlsplit(part.source).hostname or "").lower()
+        try:
+            host = (urlsplit(part.source).hostname or "").lower()
+        except ValueError as exc:  # "http://[::1": an unclosed IPv6 host
+            raise ImageError.of("invalid_url", part.where, f"image URL cannot be parsed ({exc})",
+                                part.source[:64]) from None
         if not gs.fetch.allow_hosts or host not in {h.lower() for h in gs.fetch.allow_hosts}:
             return None
         import httpx
@@ -134,6 +137,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         except (httpx.HTTPError, TimeoutError):
             log.info("litellm-kv: fetching %s failed; counting the ceiling", part.where)
             return None
+        except httpx.InvalidURL as exc:
+            # Not an HTTPError: httpx refuses the URL itself (a NUL byte, a bad port), so would the engine.
+            raise ImageError.of("invalid_url", part.where, f"image URL cannot be fetched ({exc})",
+                                part.source[:64]) from None
         info = image_info(buf, part.where, ImageBounds(max_bytes=cap, max_pixels=bounds.max_pixels))
         return info.width, info.height
 
@@ -165,7 +172,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                headers=headers or {})
 
     async def pre_call(self, req: ProxyRequest) -> None:
-        litellm_data.drop_entry(req.data, DECISION_KEY)  # a client-sent decision is never trusted
         gs = self.group_settings(req.model_group)
         started = time.perf_counter()
         images = self._find_images(req, gs)
@@ -195,7 +201,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             "images": [c.to_json() for c in counted], "max_pixels": max_pixels, "downscaled_by": downscaled_by,
             "charges": charges,
         }
-        litellm_data.write_entry(req.data, DECISION_KEY, decision)
+        self.keep_decision(req, decision)
         req.response_headers[HEADER_TOKENS] = str(total)
         COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
 
@@ -345,8 +351,12 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         req.response_headers[HEADER_DOWNSCALED] = f"max_pixels={fit}; by={downscaled_by}"
         return fit, downscaled_by, total
 
+    def _decision_of(self, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        kept = self.decision_of(data)
+        return kept if isinstance(kept, Mapping) else None
+
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
-        decision = _decision_of(kwargs)
+        decision = self._decision_of(kwargs)
         if decision is None or decision.get("max_pixels") is None:
             return
         if not litellm_data.is_vllm_deployment(kwargs):
@@ -407,14 +417,14 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return True
 
     async def post_success_deployment(self, request_data: dict[str, Any], response: Any) -> None:
-        decision = _decision_of(request_data)
+        decision = self._decision_of(request_data)
         usage = litellm_data.usage_of(response)
         if decision is not None and usage is not None:
             await self._charge(decision, self._apply([request_data], decision, usage))
 
     async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
         """Patch the usage chunk LiteLLM records for pricing (no hook sees it: LiteLLM strips it first)."""
-        decision = _decision_of(data)
+        decision = self._decision_of(data)
         # The proxy hands a boundary object that delegates to LiteLLM's CustomStreamWrapper (``_source``).
         for _ in range(4):
             try:  # its own attribute, not a delegated one
@@ -445,7 +455,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
         # client asked for include_usage on some paths): settle once.
-        decision = _decision_of(request_data)
+        decision = self._decision_of(request_data)
         usage = litellm_data.usage_of(chunk)
         if decision is None or usage is None or not int(litellm_data.field(usage, "prompt_tokens") or 0):
             return
@@ -497,7 +507,3 @@ def _engine_image_tokens(usage: Any) -> int | None:
     if isinstance(extra, Mapping) and extra.get("multimodal_tokens") is not None:
         return _engine_image_tokens({"prompt_tokens_details": {"multimodal_tokens": extra["multimodal_tokens"]}})
     return None
-
-
-def _decision_of(request_data: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return litellm_data.read_entry(request_data, DECISION_KEY)
