@@ -144,6 +144,39 @@ class ModelGroupSettings:
 
 
 @dataclass(slots=True)
+class RedisRoutingSettings:
+    """Bounded waits on Redis for the routing path (``litellm_kv.redis_routing``): the index lookup (with
+    the shared load read riding in it), the load store's reads and writes, and the affinity pin resolve.
+    Period budgets are not covered here."""
+
+    deadline_ms: float = doc(
+        "Longest a routed request waits for one Redis call. Past it the call is abandoned and the request "
+        "routes without Redis (load-only for KV groups, LiteLLM's own choice for affinity groups); the "
+        "abandoned call counts as a failure towards breaker_failures.",
+        default=50.0,
+    )
+    breaker_failures: int = doc(
+        "Consecutive failed or late Redis calls of one store (index, a group's load, pins) that open its "
+        "circuit breaker: while open, requests skip Redis at once and route as above.",
+        default=3,
+    )
+    breaker_cooldown_s: float = doc(
+        "How long an open breaker skips Redis before letting one probe call through; the probe's success "
+        "closes it, its failure opens it for another cool-down. Also the longest routing stays without "
+        "Redis after Redis is back.",
+        default=2.0,
+    )
+
+    def validate(self) -> None:
+        if not self.deadline_ms > 0:
+            raise ValueError("deadline_ms must be positive")
+        if self.breaker_failures < 1:
+            raise ValueError("breaker_failures must be at least 1")
+        if self.breaker_cooldown_s < 0:
+            raise ValueError("breaker_cooldown_s must not be negative")
+
+
+@dataclass(slots=True)
 class Settings:
     """Top-level litellm-kv settings (``litellm_kv:`` in the LiteLLM config)."""
 
@@ -163,6 +196,10 @@ class Settings:
     salt_secret_env: str = doc(
         "Environment variable holding the secret used to derive per-tenant cache_salt values.",
         default="LITELLM_KV_SALT_SECRET",
+    )
+    redis_routing: RedisRoutingSettings = doc(
+        "Deadline and circuit breaker of the Redis calls on the routing path (see 'redis_routing').",
+        default_factory=RedisRoutingSettings,
     )
     model_groups: dict[str, ModelGroupSettings] = doc(
         "Per model-group settings, keyed by the LiteLLM model_name.", default_factory=dict

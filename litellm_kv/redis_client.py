@@ -5,14 +5,30 @@ Each use has its own timeout because each fails differently: the index and load 
 but fall back to load-only routing on error, budgets decide whether a request may run, and pins only
 steer a provider's prompt cache. Keeping the table here means a change of timeout or retry policy is one
 edit, and a reader sees every client litellm-kv opens.
+
+Calls on the routing request path also go through a :class:`RedisGuard`: a per-call deadline and a
+circuit breaker. A socket timeout alone lets a paused Redis (the server accepts connections but never
+answers) hold every routed request for the whole timeout; the deadline bounds that wait, and after
+``breaker_failures`` consecutive failures the breaker answers at once (:class:`RedisSkipped`) for
+``breaker_cooldown_s`` so a sick Redis costs nothing at all, then lets one probe through.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+import weakref
+from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import Final
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from litellm_kv.observability import counter, gauge
+
+T = TypeVar("T")
 
 
 class RedisUse(str, Enum):
@@ -40,3 +56,161 @@ def connect(url: str, use: RedisUse, *, timeout_s: float | None = None) -> aiore
     """
     t = TIMEOUTS_S[use] if timeout_s is None else timeout_s
     return aioredis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+
+
+# -- bounded waits ----------------------------------------------------------------------------------------
+
+BREAKER_OPEN = gauge(
+    "redis_breaker_open",
+    "Circuit breakers of Redis stores on the routing path that are open or probing (skipping Redis), by use "
+    "(index, load, pins); 0 when every store talks to Redis.",
+    ["use"],
+)
+BREAKER_OPENS = counter(
+    "redis_breaker_opens", "Times a Redis store's circuit breaker opened (consecutive failures or a failed probe).",
+    ["use"],
+)
+CALL_FAILURES = counter(
+    "redis_call_failures",
+    "Redis calls on the routing path that failed, by use and kind: deadline (no answer within "
+    "redis_routing.deadline_ms) or error (connection refused, reset, script error).",
+    ["use", "kind"],
+)
+CALLS_SKIPPED = counter(
+    "redis_calls_skipped", "Redis calls not sent because the store's circuit breaker was open (fell back at once).",
+    ["use"],
+)
+
+
+class RedisSkipped(RedisError):
+    """The store's circuit breaker is open: the call was not sent (callers fall back as on any Redis error)."""
+
+
+class RedisDeadlineExceeded(RedisTimeoutError):
+    """Redis did not answer within the routing path's deadline."""
+
+
+class GuardLimits(Protocol):
+    """The limits of a :class:`RedisGuard` (:class:`litellm_kv.config.RedisRoutingSettings` has this shape)."""
+
+    deadline_ms: float
+    breaker_failures: int
+    breaker_cooldown_s: float
+
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+_GUARDS: weakref.WeakSet[RedisGuard] = weakref.WeakSet()
+
+
+class RedisGuard:
+    """A deadline on each call and a circuit breaker, for one store's Redis calls.
+
+    closed: calls run, each bounded by ``deadline_ms``; ``breaker_failures`` failures in a row open it.
+    open: calls raise :class:`RedisSkipped` without waiting, for ``breaker_cooldown_s``.
+    half_open: one call (the probe) runs, the others are skipped; its success closes the breaker, its
+    failure opens it for another cool-down.
+    """
+
+    def __init__(self, use: RedisUse, limits: GuardLimits, *, scope: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``scope`` names what the store serves (a model group) on ``/litellm-kv/health``."""
+        self.use = use
+        self.limits = limits
+        self.scope = scope
+        self._clock = clock
+        self.state: BreakerState = "closed"
+        self.consecutive_failures = 0
+        self._opened_at = 0.0
+        self._probing = False
+        self.calls = 0
+        self.deadline_exceeded = 0
+        self.errors = 0
+        self.skipped = 0
+        self.opens = 0
+        _GUARDS.add(self)
+
+    async def run(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` within the deadline; raises :class:`RedisSkipped` while open, and
+        :class:`RedisDeadlineExceeded` when Redis does not answer in time."""
+        probe = self._admit()
+        self.calls += 1
+        try:
+            try:
+                async with asyncio.timeout(self.limits.deadline_ms / 1000.0) as within:
+                    result = await call()
+            except TimeoutError as exc:
+                if not within.expired():  # a timeout of the call's own, not the deadline
+                    self._failed("error")
+                    raise
+                self._failed("deadline")
+                raise RedisDeadlineExceeded(
+                    f"Redis ({self.use.value}) did not answer within redis_routing.deadline_ms="
+                    f"{self.limits.deadline_ms:g}") from exc
+            except Exception:
+                self._failed("error")
+                raise
+        finally:
+            if probe:
+                self._probing = False  # a cancelled probe leaves the breaker half open: the next call probes
+        self._succeeded()
+        return result
+
+    def _admit(self) -> bool:
+        """Whether this call may go to Redis (else raises :class:`RedisSkipped`); True for the probe."""
+        if self.state == "open" and self._clock() - self._opened_at >= self.limits.breaker_cooldown_s:
+            self.state = "half_open"
+        if self.state == "closed":
+            return False
+        if self.state == "half_open" and not self._probing:
+            self._probing = True
+            return True
+        self.skipped += 1
+        CALLS_SKIPPED.labels(self.use.value).inc()
+        raise RedisSkipped(
+            f"Redis ({self.use.value}) skipped: circuit breaker open after {self.consecutive_failures} failures "
+            f"in a row (redis_routing.breaker_failures={self.limits.breaker_failures}); probing again "
+            f"{self.limits.breaker_cooldown_s:g}s after opening (redis_routing.breaker_cooldown_s)")
+
+    def _failed(self, kind: Literal["deadline", "error"]) -> None:
+        if kind == "deadline":
+            self.deadline_exceeded += 1
+        else:
+            self.errors += 1
+        CALL_FAILURES.labels(self.use.value, kind).inc()
+        self.consecutive_failures += 1
+        if self.state == "half_open" or self.consecutive_failures >= self.limits.breaker_failures:
+            if self.state == "closed":
+                BREAKER_OPEN.labels(self.use.value).inc()
+            self.state = "open"
+            self._opened_at = self._clock()
+            self.opens += 1
+            BREAKER_OPENS.labels(self.use.value).inc()
+
+    def _succeeded(self) -> None:
+        self.consecutive_failures = 0
+        if self.state != "closed":
+            BREAKER_OPEN.labels(self.use.value).dec()
+            self.state = "closed"
+
+    def status(self) -> dict[str, Any]:
+        """What ``/litellm-kv/health`` shows for this store."""
+        reopen = self.limits.breaker_cooldown_s - (self._clock() - self._opened_at) if self.state == "open" else 0.0
+        return {
+            "use": self.use.value, "scope": self.scope, "state": self.state,
+            "consecutive_failures": self.consecutive_failures, "probe_in_s": round(max(0.0, reopen), 3),
+            "calls": self.calls, "deadline_exceeded": self.deadline_exceeded, "errors": self.errors,
+            "skipped": self.skipped, "opens": self.opens, "deadline_ms": self.limits.deadline_ms,
+            "breaker_failures": self.limits.breaker_failures, "breaker_cooldown_s": self.limits.breaker_cooldown_s,
+        }
+
+
+async def guarded(guard: RedisGuard | None, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()`` through ``guard`` when the store has one (stores used off the routing path, like the
+    indexer's writes, have none)."""
+    return await (call() if guard is None else guard.run(call))
+
+
+def guard_status() -> list[dict[str, Any]]:
+    """The state of every live :class:`RedisGuard` of this process, by use and scope."""
+    return sorted((g.status() for g in list(_GUARDS)), key=lambda s: (s["use"], s["scope"]))

@@ -39,6 +39,7 @@ END = "<!-- END GENERATED -->"
 # feature section is never silently left out; add it here to give it its place.
 PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.config.Settings": ("proxy", "litellm_kv"),
+    "litellm_kv.config.RedisRoutingSettings": ("proxy", "litellm_kv.redis_routing"),
     "litellm_kv.config.ModelGroupSettings": ("proxy", "litellm_kv.model_groups.<group>"),
     "litellm_kv.routing.options.KVRoutingSettings": ("proxy", "litellm_kv.model_groups.<group>.kv"),
     "litellm_kv.routing.cost.CostSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),

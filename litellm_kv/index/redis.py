@@ -60,7 +60,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch, ScriptRider
-from litellm_kv.redis_client import RedisUse, connect
+from litellm_kv.redis_client import RedisGuard, RedisUse, connect, guarded
 from litellm_kv.tasks import cancel_and_wait
 
 KEY_PREFIX = "lkv"
@@ -200,11 +200,13 @@ class RedisIndex:
 
     ``sweep_step``: entries stripped per cleanup script after a purge; ``auto_sweep``: run that
     cleanup in a background task of this process (else only explicit :meth:`sweep` calls).
+    ``guard``: deadline and circuit breaker of the lookups (the proxy's routing path); writes (the
+    indexer's) are not bounded by it.
     """
 
     def __init__(
         self, url: str, *, client: aioredis.Redis | None = None, socket_timeout_s: float | None = None,
-        sweep_step: int = SWEEP_STEP, auto_sweep: bool = True,
+        sweep_step: int = SWEEP_STEP, auto_sweep: bool = True, guard: RedisGuard | None = None,
     ):
         self.url = url
         self.client: aioredis.Redis = client or connect(url, RedisUse.INDEX, timeout_s=socket_timeout_s)
@@ -221,6 +223,7 @@ class RedisIndex:
         self.sweep_step = sweep_step
         self.auto_sweep = auto_sweep  # False: only explicit sweep() calls clean up after purges
         self.round_trips = 0  # client calls sent to Redis (a script or pipeline counts once)
+        self.guard = guard
 
     def _k(self, group: str) -> _GroupKeys:
         keys = self._keys.get(group)
@@ -359,7 +362,7 @@ class RedisIndex:
             return {}
         args: list[bytes | str] = [_pack(block_hashes), *names]
         self.round_trips += 1
-        flat = await self._lookup(keys=[k.blocks, k.ids, k.names], args=args)
+        flat = await guarded(self.guard, lambda: self._lookup(keys=[k.blocks, k.ids, k.names], args=args))
         out: dict[str, ReplicaMatch] = {}
         for i in range(0, len(flat), 4):
             out[_text(flat[i])] = ReplicaMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]))
@@ -379,7 +382,7 @@ class RedisIndex:
         names = list(replicas or ())
         args: list[Any] = [_pack(block_hashes), len(names), *names, *rider.args]
         self.round_trips += 1
-        flat, raw = await script(keys=[k.blocks, k.ids, k.names, *rider.keys], args=args)
+        flat, raw = await guarded(self.guard, lambda: script(keys=[k.blocks, k.ids, k.names, *rider.keys], args=args))
         out: dict[str, ReplicaMatch] = {}
         if replicas is None or names:
             for i in range(0, len(flat), 4):

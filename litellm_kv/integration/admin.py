@@ -1,7 +1,8 @@
 """Admin routes litellm-kv adds to the LiteLLM proxy app.
 
 * ``GET /litellm-kv/health`` — per model group: exact or not and why, replicas (ready, block size,
-  hash algorithm, load gauges, subscriber state: connected, last seq, gaps, replays, purges), tokenizer path.
+  hash algorithm, load gauges, subscriber state: connected, last seq, gaps, replays, purges), tokenizer path,
+  and the state of each Redis store's circuit breaker on the routing path (``redis``).
 * ``POST /litellm-kv/route`` — which replica holds this prompt: body = a chat request; answer = the
   decision and the predicted cached tokens per replica, without sending anything upstream.
 * ``GET /litellm-kv/metrics`` — litellm-kv's Prometheus metrics (also on LiteLLM's ``/metrics``
@@ -17,6 +18,7 @@ import logging
 from typing import Any, Protocol
 
 from litellm_kv.integration.hooks import Handler
+from litellm_kv.redis_client import guard_status
 
 log = logging.getLogger("litellm_kv")
 _registered = False
@@ -66,6 +68,8 @@ def register(callback: HandlerSet | Handler) -> None:
         return {
             "handlers": [h.name for h in callback.handlers],
             "routing": kv.health() if kv is not None else None,
+            # Deadline and circuit breaker of each Redis store on the routing path (index, load, pins).
+            "redis": guard_status(),
         }
 
     @router.post("/route")

@@ -19,6 +19,7 @@ from litellm_kv.errors import ConfigError
 from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.litellm_data import deployment_id, previous_deployment_ids
 from litellm_kv.observability import counter
+from litellm_kv.redis_client import RedisGuard, RedisUse
 from litellm_kv.routing.affinity import (
     AffinityRouter,
     AffinitySettings,
@@ -111,7 +112,8 @@ class AffinityHandler(Handler):
         if store is None:
             if kind == "redis":
                 assert self.settings.redis_url is not None
-                store = RedisPinStore(self.settings.redis_url, opts.redis_timeout_seconds)
+                store = RedisPinStore(self.settings.redis_url, opts.redis_timeout_seconds,
+                                      guard=RedisGuard(RedisUse.PINS, self.settings.redis_routing))
             elif self._clock is not None:
                 store = MemoryPinStore(self._clock, opts.memory_max_pins)
             else:

@@ -135,11 +135,14 @@ class KVRoutingHandler(Handler):
             if not self.settings.redis_url:
                 raise RuntimeError("litellm_kv.mode: shared needs redis_url (or LITELLM_KV_REDIS_URL)")
             from litellm_kv.index.redis import RedisIndex
+            from litellm_kv.redis_client import RedisGuard, RedisUse
 
-            self.index = RedisIndex(self.settings.redis_url)
+            self.index = RedisIndex(self.settings.redis_url,
+                                    guard=RedisGuard(RedisUse.INDEX, self.settings.redis_routing))
         for name, opts in self.options.items():
             self.groups[name] = KVGroup(name, opts, self.index, self.settings.redis_url, embedded, self.backend,
-                                        members=functools.partial(_group_deployments, name))
+                                        members=functools.partial(_group_deployments, name),
+                                        redis_limits=self.settings.redis_routing)
         for name, g in self.groups.items():
             deps = _group_deployments(name)
             if deps:

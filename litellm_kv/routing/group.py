@@ -23,7 +23,7 @@ from typing import Any
 from litellm_kv.config import parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import counter
-from litellm_kv.redis_client import RedisUse, connect
+from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisUse, connect
 from litellm_kv.routing.cost import CostModel, CostSettings
 from litellm_kv.routing.fleet import Fleet
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
@@ -71,9 +71,11 @@ class KVGroup:
 
     def __init__(self, name: str, options: KVRoutingSettings, index: KVIndex, redis_url: str | None,
                  embedded: bool, backend: str, *,
-                 members: Callable[[], list[dict[str, Any]]] = _no_members) -> None:
+                 members: Callable[[], list[dict[str, Any]]] = _no_members,
+                 redis_limits: GuardLimits | None = None) -> None:
         """``members`` returns the group's deployments as the LiteLLM router lists them now (followed every
-        ``discovery_interval_s``, so a config reload adds and removes replicas)."""
+        ``discovery_interval_s``, so a config reload adds and removes replicas). ``redis_limits``: deadline
+        and circuit breaker of the shared load store's calls (shared mode)."""
         self.name = name
         self.options = options
         self.fleet = Fleet(name, options, index, embedded=embedded)
@@ -88,7 +90,9 @@ class KVGroup:
             self.load = InMemoryLoadTracker(load_cfg)
         else:
             client = connect(str(redis_url), RedisUse.LOAD)
-            self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc())
+            guard = RedisGuard(RedisUse.LOAD, redis_limits, scope=name) if redis_limits is not None else None
+            self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc(),
+                                         guard=guard)
         self._members = members
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []

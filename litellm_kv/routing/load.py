@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from litellm_kv.config import doc
 from litellm_kv.index.base import ScriptRider
 from litellm_kv.index.redis import group_key_prefix
+from litellm_kv.redis_client import RedisGuard, guarded
 from litellm_kv.tasks import cancel_and_wait
 
 
@@ -266,10 +267,14 @@ class RedisLoadTracker:
     Keys are ``lkv:{<group>}:load`` and ``lkv:{<group>}:proxies``: the index's hash tag, so the snapshot can
     ride along with the index lookup (:meth:`snapshot_rider`; one round trip per decision) and a Redis
     Cluster keeps a group in one slot. ``heartbeat`` must be called more often than ``ttl_s``.
+
+    ``guard`` bounds every call (deadline, circuit breaker): a snapshot read sits on the request path, and
+    writes through a sick Redis would only queue behind each other.
     """
 
     def __init__(self, client: Any, cfg: LoadSettings | None = None, proxy_id: str | None = None, *,
-                 on_error: Callable[[BaseException], None] | None = None, retry_s: float = 0.5) -> None:
+                 on_error: Callable[[BaseException], None] | None = None, retry_s: float = 0.5,
+                 guard: RedisGuard | None = None) -> None:
         self.cfg = cfg or LoadSettings()
         self.proxy_id = proxy_id or uuid.uuid4().hex[:12]
         self._client = client
@@ -281,6 +286,7 @@ class RedisLoadTracker:
         self._progress = asyncio.Event()  # set when a write attempt ends (for flush)
         self._on_error = on_error
         self._retry_s = retry_s
+        self._guard = guard
         self.write_errors = 0
 
     def _keys(self, group: str) -> tuple[str, str]:
@@ -343,7 +349,7 @@ class RedisLoadTracker:
         args: list[Any] = [self.proxy_id, self.cfg.ttl_s]
         for replica, load in self._own.snapshot_sync(group, sorted(replicas)).items():
             args += [replica, load.prefill_tokens, load.decode, repr(load.recent_tokens)]
-        was_alive = await self._write_script(keys=list(self._keys(group)), args=args)
+        was_alive = await guarded(self._guard, lambda: self._write_script(keys=list(self._keys(group)), args=args))
         rest = self._own.replicas(group) - replicas  # the other replicas this proxy has fields for
         if not int(was_alive) and rest:
             # Our other fields may have been deleted while we counted as dead: publish them again.
@@ -379,8 +385,8 @@ class RedisLoadTracker:
                            lambda raw: self._merge(group, replicas, raw), lambda: self.local_snapshot(group, replicas))
 
     async def snapshot(self, group: str, replicas: Sequence[str]) -> dict[str, TrackedLoad]:
-        raw = await self._snapshot_script(keys=list(self._keys(group)),
-                                          args=[self.cfg.recent_half_life_s, self.proxy_id])
+        raw = await guarded(self._guard, lambda: self._snapshot_script(keys=list(self._keys(group)),
+                                                             args=[self.cfg.recent_half_life_s, self.proxy_id]))
         return self._merge(group, replicas, raw)
 
     def _merge(self, group: str, replicas: Sequence[str], raw: Sequence[Any]) -> dict[str, TrackedLoad]:

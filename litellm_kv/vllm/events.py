@@ -10,7 +10,9 @@ engine runs with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``). Events keep them as
 ``block_hashes`` and also carry ``wire_block_hashes``, the 64-bit form the index uses.
 
 Every malformed payload raises :class:`EventDecodeError` and nothing else, so a subscriber
-can count and skip bad frames with one ``except``.
+can count and skip bad frames with one ``except``. With ``keep_valid=True`` the events are decoded
+one by one: one that fails becomes a :class:`MalformedEvent` in its place and the others are kept,
+and only a batch whose envelope (timestamp, event array) cannot be read raises.
 """
 
 from __future__ import annotations
@@ -81,7 +83,24 @@ class UnknownEvent:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-KVEvent: TypeAlias = "BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent"
+@dataclass(slots=True)
+class MalformedEvent:
+    """An event of the batch that could not be decoded (``decode_event_batch(..., keep_valid=True)``).
+
+    ``may_remove``: it was not recognisably a ``BlockStored``, so it may have removed blocks (or cleared
+    them all). Skipping a lost store only under-predicts; a lost removal would over-predict for as long as
+    the index lives, so a consumer purges the replica at this event's position instead.
+    """
+
+    type: str | None  # its type tag, when that much could be read
+    error: str
+
+    @property
+    def may_remove(self) -> bool:
+        return self.type != "BlockStored"
+
+
+KVEvent: TypeAlias = "BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent | MalformedEvent"
 
 
 @dataclass(slots=True)
@@ -93,18 +112,22 @@ class EventBatch:
     data_parallel_rank: int | None = None
 
 
-def decode_event_batch(payload: bytes) -> EventBatch:
+def decode_event_batch(payload: bytes, *, keep_valid: bool = False) -> EventBatch:
     """Decode one ``KVEventBatch`` msgpack payload (the third ZMQ frame).
 
+    ``keep_valid``: an event that does not decode becomes a :class:`MalformedEvent` in its place instead
+    of failing the batch (the consumers' mode: one bad event must not cost the batch's other events).
+
     Raises:
-        EventDecodeError: for anything that is not a well-formed batch.
+        EventDecodeError: for anything that is not a well-formed batch (with ``keep_valid``: a batch
+        whose envelope cannot be read).
     """
     try:
         obj = msgpack.unpackb(payload, raw=False, use_list=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, TypeError, ...)
         raise EventDecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from exc
     try:
-        return _batch(obj)
+        return _batch(obj, _event_or_malformed if keep_valid else _event)
     except EventDecodeError:
         raise
     except Exception as exc:  # a gap in the checks below must still surface as this type
@@ -151,7 +174,7 @@ _STORED_FIELDS: Final = (
 _REMOVED_FIELDS: Final = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 
 
-def _batch(obj: object) -> EventBatch:
+def _batch(obj: object, event: Callable[[object], KVEvent]) -> EventBatch:
     if isinstance(obj, tuple):
         if not 2 <= len(obj) <= 3:
             raise EventDecodeError(f"batch array must have 2 or 3 elements, got {len(obj)}")
@@ -165,7 +188,19 @@ def _batch(obj: object) -> EventBatch:
         raise EventDecodeError(f"batch ts must be a number, got {type(ts).__name__}")
     if not isinstance(events, tuple):
         raise EventDecodeError(f"batch events must be an array, got {type(events).__name__}")
-    return EventBatch(float(ts), [_event(e) for e in events], _opt_int(rank, "data_parallel_rank"))
+    return EventBatch(float(ts), [event(e) for e in events], _opt_int(rank, "data_parallel_rank"))
+
+
+def _event_or_malformed(obj: object) -> KVEvent:
+    try:
+        return _event(obj)
+    except Exception as exc:  # EventDecodeError, or a gap in the checks: either way this event only
+        return MalformedEvent(_type_tag(obj), str(exc) if isinstance(exc, EventDecodeError) else repr(exc))
+
+
+def _type_tag(obj: object) -> str | None:
+    kind = obj.get("type") if isinstance(obj, Mapping) else obj[0] if isinstance(obj, tuple) and obj else None
+    return kind if isinstance(kind, str) else None
 
 
 def _event(obj: object) -> KVEvent:

@@ -20,7 +20,10 @@ What the subscriber guarantees:
   (Blind spot: a request of <= one block that recomputes a cached first block really makes a
   second copy; it is then under-counted by one until it is stored again.)
 * **Malformed frames** are counted and skipped; the loop never dies (errors reconnect with
-  backoff).
+  backoff). Events are decoded one by one: a malformed ``BlockStored`` is skipped (the index then
+  only under-predicts), a malformed event of any other kind may have removed blocks and purges the
+  replica at its place in the batch, and a batch that cannot be decoded at all purges the replica
+  (its seq is consumed, so no replay loop).
 
 The socket connects by default; ``bind=True`` binds instead, for engines whose endpoint is a
 concrete ``tcp://host:port`` (vLLM's PUB then connects).
@@ -50,6 +53,7 @@ from litellm_kv.vllm.events import (
     BlockStored,
     EventBatch,
     EventDecodeError,
+    MalformedEvent,
     decode_event_batch,
     to_block_ops,
 )
@@ -68,10 +72,17 @@ REPLAY_FAILURES = counter(
     "kv_event_replay_failures", "Replays that timed out or could not return every missed batch.", _LABELS
 )
 PURGES = counter(
-    "kv_replica_purges", "Replica purges: engine restart, AllBlocksCleared or an unrecoverable gap.", _LABELS
+    "kv_replica_purges",
+    "Replica purges: engine restart, AllBlocksCleared, an unrecoverable gap, an undecodable batch or a malformed "
+    "event that may have removed blocks.",
+    _LABELS,
 )
-MALFORMED = counter("kv_event_malformed", "KV-event frames or payloads that could not be decoded (skipped).",
-                    _LABELS)
+MALFORMED = counter(
+    "kv_event_malformed",
+    "KV-event frames, payloads or single events that could not be decoded (skipped; an undecodable payload or "
+    "a malformed event that may have removed blocks also purges the replica).",
+    _LABELS,
+)
 REANNOUNCED = counter(
     "kv_event_reannounced",
     "BlockStored re-announcements of already held prefixes (kv_cache_report_mode=full) not counted again.",
@@ -278,7 +289,7 @@ class KVEventSubscriber:
 
     def _decode(self, payload: bytes) -> EventBatch | None:
         try:
-            return decode_event_batch(payload)
+            return decode_event_batch(payload, keep_valid=True)
         except EventDecodeError as exc:
             self._malformed(str(exc))
             return None
@@ -356,12 +367,24 @@ class KVEventSubscriber:
     async def _apply(self, seq: int, batch: EventBatch | None) -> None:
         self._next = seq + 1
         if batch is None:
-            return  # malformed payload: counted; its seq is consumed so no replay loop
+            # Undecodable payload (counted): a removal may be among its events, so what the index holds for
+            # the replica can no longer be trusted. Its seq is consumed, so there is no replay loop.
+            await self._purge(f"batch {seq} could not be decoded")
+            self._next = seq + 1
+            return
         self._recent[seq] = batch.ts
         if len(self._recent) > self._recent_limit:
             self._recent.popitem(last=False)
         pending: list[BlockOp] = []
         for ev in batch.events:
+            if isinstance(ev, MalformedEvent):
+                self._malformed(f"event in batch {seq}: {ev.error}")
+                if not ev.may_remove:
+                    continue  # a lost store only under-predicts
+                await self._flush(pending)
+                await self._purge(f"a malformed event in batch {seq} may have removed blocks")
+                self._next = seq + 1
+                continue
             if isinstance(ev, AllBlocksCleared):
                 await self._flush(pending)
                 await self._purge("AllBlocksCleared")

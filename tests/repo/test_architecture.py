@@ -22,7 +22,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "tasks": (),
     "observability": (),
     "config": ("errors",),
-    "redis_client": (),
+    "redis_client": ("observability",),
     "index": ("errors", "observability", "tasks", "retire", "redis_client"),
     "vllm": ("index", *BASE),
     "routing": ("vllm", "index", *BASE),

@@ -3,6 +3,7 @@ and msgspec (map and old positional encodings), and a fuzz test of the error con
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -19,6 +20,7 @@ from litellm_kv.vllm.events import (
     BlockRemoved,
     BlockStored,
     EventDecodeError,
+    MalformedEvent,
     UnknownEvent,
     decode_event_batch,
     to_block_ops,
@@ -273,6 +275,38 @@ def test_malformed_batches_raise_event_decode_error(obj: Any) -> None:
         decode_event_batch(msgpack.packb(obj))
 
 
+# -- one bad event does not cost the batch -------------------------------------------------------
+
+
+def test_keep_valid_decodes_a_batch_mixing_valid_and_malformed_events() -> None:
+    good = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [],
+            "block_size": 16}
+    payload = msgpack.packb([3.5, [
+        good,
+        {"type": "BlockStored", "block_hashes": "nope", "block_size": 16},
+        {"type": "BlockRemoved", "block_hashes": [-1]},
+        [7],
+        {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
+    ], 0])
+    with pytest.raises(EventDecodeError):  # the strict form still refuses the whole batch
+        decode_event_batch(payload)
+    batch = decode_event_batch(payload, keep_valid=True)
+    assert batch.ts == 3.5 and len(batch.events) == 5
+    kept, bad_store, bad_removal, untyped, removal = batch.events
+    assert isinstance(kept, BlockStored) and kept.wire_block_hashes == (1, 2)
+    assert isinstance(removal, BlockRemoved) and removal.wire_block_hashes == (2,)
+    # A lost store only under-predicts; anything else may have removed blocks (the consumer purges).
+    assert isinstance(bad_store, MalformedEvent) and not bad_store.may_remove and "block_hashes" in bad_store.error
+    assert isinstance(bad_removal, MalformedEvent) and bad_removal.may_remove
+    assert isinstance(untyped, MalformedEvent) and untyped.type is None and untyped.may_remove
+
+
+@pytest.mark.parametrize("payload", [b"\xc1 not msgpack", msgpack.packb(["1.0", [], 0]), msgpack.packb([1.0, {}, 0])])
+def test_keep_valid_still_refuses_a_batch_whose_envelope_is_unreadable(payload: bytes) -> None:
+    with pytest.raises(EventDecodeError):
+        decode_event_batch(payload, keep_valid=True)
+
+
 # -- fuzz: nothing but EventDecodeError escapes -------------------------------------------------
 
 _msgpack_values = st.recursive(
@@ -304,6 +338,8 @@ def _decode_or_error(payload: bytes) -> None:
         # The catch-all inside the decoder is a safety net; the explicit checks should
         # already name what is wrong.
         assert not str(exc).startswith("malformed batch:"), exc
+    with contextlib.suppress(EventDecodeError):  # only the envelope may fail; nothing else escapes
+        decode_event_batch(payload, keep_valid=True)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -164,6 +164,44 @@ async def test_malformed_frames_are_counted_and_skipped(
     assert await index.lookup(G, [5, 6]) == {R: ReplicaMatch(gpu=2)}
 
 
+async def test_index_exactness_keeps_the_valid_events_of_a_batch_with_a_malformed_store(
+    setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex],
+) -> None:
+    pub, sub, index = setup
+    bad_store = {"type": "BlockStored", "block_hashes": "nope", "block_size": 32}
+    await pub.publish(batch(stored([1, 2]), bad_store, stored([3], parent=2)))
+    await until(lambda: sub.stats.last_seq == 0)
+    assert sub.stats.malformed == 1 and sub.stats.purges == 0
+    assert await index.lookup(G, [1, 2, 3]) == {R: ReplicaMatch(gpu=3)}
+
+
+async def test_index_exactness_purges_at_a_malformed_removal_and_keeps_what_follows(
+    setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex],
+) -> None:
+    pub, sub, index = setup
+    await pub.publish(batch(stored([1, 2, 3])))
+    await until(lambda: sub.stats.last_seq == 0)
+    # A removal that cannot be read: keeping 1-3 could over-predict forever.
+    await pub.publish(batch(stored([4], parent=3), {"type": "BlockRemoved", "block_hashes": [-1]}, stored([9])))
+    await until(lambda: sub.stats.last_seq == 1)
+    assert sub.stats.malformed == 1 and sub.stats.purges == 1
+    assert await index.lookup(G, [1, 2, 3, 4]) == {}
+    assert await index.lookup(G, [9]) == {R: ReplicaMatch(gpu=1)}
+
+
+async def test_index_exactness_purges_on_a_batch_that_cannot_be_decoded(
+    setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex],
+) -> None:
+    pub, sub, index = setup
+    await pub.publish(batch(stored([1, 2])))
+    await pub.publish(b"\xc1 not msgpack")  # seq 1: its events (removals, perhaps) are unknown
+    await pub.publish(batch(stored([5])))
+    await until(lambda: sub.stats.last_seq == 2)
+    assert sub.stats.purges == 1 and sub.stats.gaps == 0
+    assert await index.lookup(G, [1, 2]) == {}
+    assert await index.lookup(G, [5]) == {R: ReplicaMatch(gpu=1)}
+
+
 async def test_seq_going_back_is_a_restart(setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex]) -> None:
     pub, sub, index = setup
     for h in (1, 2, 3):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import OrderedDict
@@ -9,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, Protocol
+
+from litellm_kv.redis_client import RedisGuard, RedisUse, connect, guarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +135,16 @@ _RESOLVE_LUA = resources.files("litellm_kv.routing.affinity").joinpath("lua/reso
 
 
 class RedisPinStore:
-    """Pins in Redis, shared by every proxy; one Lua script per request (lookup, claim, refresh)."""
+    """Pins in Redis, shared by every proxy; one Lua script per request (lookup, claim, refresh).
 
-    def __init__(self, url: str, timeout: float | None = None) -> None:
-        from litellm_kv.redis_client import RedisUse, connect
+    ``guard``: deadline and circuit breaker of each call (a resolve sits on the request path; when it fails
+    or is skipped, LiteLLM routes alone).
+    """
 
+    def __init__(self, url: str, timeout: float | None = None, *, guard: RedisGuard | None = None) -> None:
         self._redis = connect(url, RedisUse.PINS, timeout_s=timeout)
         self._script = self._redis.register_script(_RESOLVE_LUA)
+        self.guard = guard
 
     async def resolve(self, keys: Sequence[str], candidates: Candidates) -> Resolution:
         arg = json.dumps(
@@ -149,7 +155,7 @@ class RedisPinStore:
                 "proposal": candidates.proposal,
             }
         )
-        raw = await self._script(keys=list(keys), args=[arg])
+        raw = await guarded(self.guard, functools.partial(self._script, keys=list(keys), args=[arg]))
         winner, outcome, hit, stale = (v.decode() if isinstance(v, bytes) else v for v in raw)
         known = _OUTCOMES.get(str(outcome))
         if known is None:
@@ -157,7 +163,7 @@ class RedisPinStore:
         return Resolution(str(winner), known, int(hit) - 1, str(stale or ""))
 
     async def get(self, key: str) -> str | None:
-        v = await self._redis.get(key)
+        v = await guarded(self.guard, functools.partial(self._redis.get, key))
         return v.decode() if isinstance(v, bytes) else v
 
     async def close(self) -> None:

@@ -14,6 +14,10 @@ each batch goes through :meth:`RedisIndex.apply_batch`, which applies it only if
 * **Redis outage**: the apply raises; the stream waits with exponential backoff, then resumes as
   after a restart (a Redis that lost its data has no stream state: replay from 0).
 
+**Malformed events** are decoded one by one: a malformed ``BlockStored`` is skipped (the index
+then only under-predicts), one of any other kind may have removed blocks and becomes a purge at its
+place in the batch; a batch that cannot be decoded at all purges the replica and consumes its seq.
+
 ``BlockStored`` events with parent None go to Redis as :class:`RootStored` ops: with
 ``kv_cache_report_mode: "full"`` they may re-announce a prefix-cache hit, which the apply script
 does not count again when the replica already holds the whole chain.
@@ -35,7 +39,14 @@ from redis.exceptions import RedisError
 from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, RedisIndex, RootStored
 from litellm_kv.observability import counter, gauge
 from litellm_kv.tasks import cancel_and_wait
-from litellm_kv.vllm.events import AllBlocksCleared, BlockStored, EventDecodeError, decode_event_batch, to_block_ops
+from litellm_kv.vllm.events import (
+    AllBlocksCleared,
+    BlockStored,
+    EventDecodeError,
+    MalformedEvent,
+    decode_event_batch,
+    to_block_ops,
+)
 from litellm_kv.vllm.wire import WireError, parse_event_message, request_replay
 
 log = logging.getLogger("litellm_kv.services.indexer")
@@ -53,7 +64,8 @@ REPLAYS = counter(
 )
 RESYNCS = counter(
     "indexer_resyncs",
-    "Times a replica was purged and re-learned (engine restart, lost batches, AllBlocksCleared).",
+    "Times a replica was purged and re-learned (engine restart, lost batches, AllBlocksCleared, an undecodable "
+    "batch).",
     ["model_group", "replica"],
 )
 REANNOUNCED = counter(
@@ -90,6 +102,7 @@ class StreamStats:
     replays: int = 0
     resyncs: int = 0
     bad_payloads: int = 0
+    bad_events: int = 0
     redis_errors: int = 0
     last_error: str | None = None
 
@@ -243,14 +256,17 @@ class EventStream:
         self.stats.batches_seen += 1
         self._last_batch = time.monotonic()
         try:
-            batch = decode_event_batch(payload)
+            batch = decode_event_batch(payload, keep_valid=True)
         except EventDecodeError as exc:
-            self.stats.bad_payloads += 1
-            self.stats.last_error = f"bad payload at seq {seq}: {exc}"
-            BATCHES.labels(*self._labels, "bad").inc()
-            return None
+            return await self._apply_undecodable(seq, exc, force=force)
         ops: list[ApplyOp] = []
         for ev in batch.events:
+            if isinstance(ev, MalformedEvent):
+                self.stats.bad_events += 1
+                self.stats.last_error = f"bad event at seq {seq}: {ev.error}"
+                if ev.may_remove:
+                    ops.append(CLEAR)  # a lost removal would over-predict: re-learn the replica from here
+                continue
             if isinstance(ev, AllBlocksCleared):
                 ops.append(CLEAR)
                 continue
@@ -287,6 +303,28 @@ class EventStream:
             RESYNCS.labels(*self._labels).inc()
             log.warning("indexer %s: replica purged and re-learning (seq %d, %d entries dropped, %s)",
                         self.stats.stream, seq, res.purged, "forced" if force else "engine restarted")
+        return res
+
+    async def _apply_undecodable(self, seq: int, exc: EventDecodeError, *, force: bool) -> ApplyResult:
+        """A batch that cannot be decoded at all: its events (removals among them, perhaps) are unknown, so
+        the replica is purged and re-learned, and the seq is consumed (a replay would bring the same bytes)."""
+        self.stats.bad_payloads += 1
+        self.stats.last_error = f"bad payload at seq {seq}: {exc}"
+        BATCHES.labels(*self._labels, "bad").inc()
+        if self._force_next:
+            force, self._force_next = True, False
+        # ts 0: its real time is unknown, and a low one errs safe (a later batch with a lower seq reads as an
+        # engine restart, which purges; a high one could hide a real restart).
+        res = await self.index.apply_batch(
+            self.group, self.replica, [CLEAR], stream=self.stats.stream, seq=seq, ts=0.0, force=force
+        )
+        if res.status in (ApplyStatus.APPLIED, ApplyStatus.RESTART):
+            self.stats.last_seq = res.last_seq
+            LAST_SEQ.labels(*self._labels, self.stats.stream).set(res.last_seq)
+            self.stats.resyncs += 1
+            RESYNCS.labels(*self._labels).inc()
+            log.warning("indexer %s: batch %d could not be decoded: replica purged and re-learning (%s)",
+                        self.stats.stream, seq, exc)
         return res
 
     async def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:

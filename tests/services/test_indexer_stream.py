@@ -1,0 +1,91 @@
+"""The indexer's event stream against a real ``redis-server``: malformed events and undecodable batches.
+
+A real vLLM engine cannot be made to publish a malformed event, so the publisher is the test's own ZMQ
+PUB + replay ROUTER speaking vLLM's wire protocol (``tests.vllm.test_subscriber.FakePublisher``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import zmq.asyncio
+
+from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.index.redis import RedisIndex
+from litellm_kv.services.indexer.stream import EventStream
+from tests.vllm.test_subscriber import TOPIC, FakePublisher, batch, stored, until
+from tools.harness.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+G, R = "g", "r"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer(name="redis-indexer-stream")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+async def setup(server: RedisServer) -> AsyncIterator[tuple[FakePublisher, EventStream, RedisIndex]]:
+    server.client().flushall()
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tempfile.gettempdir()}/litellm-kv-streamtest-{os.getpid()}-{time.monotonic_ns()}.sock"
+    pub = FakePublisher(ctx, endpoint)
+    index = RedisIndex(server.url)
+    stream = EventStream(index, ctx, group=G, replica=R, stream=R, endpoint=endpoint,
+                         replay_endpoint=pub.replay_endpoint, topic=TOPIC, replay_timeout_s=2)
+    stream.start()
+    await until(lambda: stream.stats.connected and len(pub.replay_requests) >= 1)
+    await asyncio.sleep(0.3)  # let the subscription reach the PUB (slow joiner)
+    yield pub, stream, index
+    await stream.stop()
+    await index.close()
+    await pub.close()
+    ctx.term()
+
+
+async def test_index_exactness_keeps_the_valid_events_of_a_batch_with_a_malformed_store(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    pub, stream, index = setup
+    bad_store = {"type": "BlockStored", "block_hashes": "nope", "block_size": 32}
+    await pub.publish(batch(stored([1, 2]), bad_store, stored([3], parent=2)))
+    await until(lambda: stream.stats.last_seq == 0)
+    assert stream.stats.bad_events == 1 and stream.stats.resyncs == 0
+    assert await index.lookup(G, [1, 2, 3]) == {R: ReplicaMatch(gpu=3)}
+
+
+async def test_index_exactness_purges_at_a_malformed_removal_and_keeps_what_follows(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    pub, stream, index = setup
+    await pub.publish(batch(stored([1, 2, 3])))
+    await until(lambda: stream.stats.last_seq == 0)
+    await pub.publish(batch(stored([4], parent=3), {"type": "BlockRemoved", "block_hashes": [-1]}, stored([9])))
+    await until(lambda: stream.stats.last_seq == 1)
+    assert stream.stats.bad_events == 1
+    assert await index.lookup(G, [1, 2, 3, 4]) == {}
+    assert await index.lookup(G, [9]) == {R: ReplicaMatch(gpu=1)}
+
+
+async def test_index_exactness_purges_on_a_batch_that_cannot_be_decoded(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    pub, stream, index = setup
+    await pub.publish(batch(stored([1, 2])))
+    await until(lambda: stream.stats.last_seq == 0)
+    await pub.publish(b"\xc1 not msgpack")  # seq 1: its events (removals, perhaps) are unknown
+    await until(lambda: stream.stats.last_seq == 1)
+    assert await index.lookup(G, [1, 2]) == {}  # purged at once, not only when a later gap is found
+    await pub.publish(batch(stored([5])))
+    await until(lambda: stream.stats.last_seq == 2)
+    assert stream.stats.bad_payloads == 1 and stream.stats.gaps == 0
+    assert await index.lookup(G, [5]) == {R: ReplicaMatch(gpu=1)}
