@@ -403,12 +403,14 @@ def _gif(raw: bytes | bytearray, where: str) -> tuple[int, int]:
         if block == 0x21:  # extension: label, then data sub-blocks
             pos = _skip_sub_blocks(raw, pos + 2, where)
         elif block == 0x2C:  # image descriptor
-            (lflags,) = struct.unpack("<B", raw[pos + 9:pos + 10])
+            left, top, frame_w, frame_h, lflags = struct.unpack("<HHHHB", raw[pos + 1:pos + 10])
             pos += 10
             if lflags & 0x80:
                 pos += 3 << ((lflags & 0x07) + 1)
             pos = _skip_sub_blocks(raw, pos + 1, where)  # +1: LZW minimum code size
-            return width, height
+            # Pillow (what vLLM decodes with) grows the canvas to hold the first frame, so a frame larger
+            # than the logical screen is decoded at the frame's extent: count that, not the screen.
+            return max(width, left + frame_w), max(height, top + frame_h)
         elif block == 0x3B:
             raise ImageError.of("corrupt", where, "gif has no frames")
         else:

@@ -1,0 +1,102 @@
+"""A hostile client's images against the visual-token limits, through a real ``litellm`` proxy process.
+
+Each case is something a client can send that the engine decodes bigger than it was counted, and
+names the limit it protects. No vision model can run on this machine, so the upstream is the local
+fake (``tests/support/fake_upstream.py``) standing in for vLLM: it records the body it receives
+(``GET /_requests``), which is what these tests read back to see what the engine would be told. What
+vLLM itself does with those bodies is checked without a proxy: Pillow sizes in
+``tests/governance/test_images_pillow.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.support.fake_upstream import start_fake_upstream
+from tools.harness.proxy import Proxy, start_proxy
+
+pytestmark = pytest.mark.proxy
+
+CAP = 1000  # sk-cap's max_visual_tokens_per_request
+KEYS: dict[str, dict[str, Any]] = {
+    "sk-plain": {"key_alias": "plain", "metadata": {}},
+    "sk-cap": {"key_alias": "capped", "metadata": {"litellm_kv": {"vision": {"max_visual_tokens_per_request": CAP}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[dict[str, Any]]:
+    upstream, url = start_fake_upstream("vl-adversarial")
+    config = {
+        "model_list": [{"model_name": "qwen-vl", "litellm_params": {"model": "hosted_vllm/fake-model",
+                                                                    "api_base": url + "/v1"}}],
+        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
+        "litellm_kv": {"model_groups": {"qwen-vl": {"vision": {"family": "qwen2_5_vl"}}}},
+    }
+    proxy = start_proxy(config, name="litellm-adversarial-media", keys=KEYS,
+                        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    try:
+        yield {"proxy": proxy, "upstream": url}
+    finally:
+        proxy.stop()
+        upstream.stop()
+
+
+def png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(raw: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{base64.b64encode(raw).decode()}"
+
+
+def post(proxy: Proxy, key: str, messages: list[dict[str, Any]], **body: Any) -> httpx.Response:
+    return httpx.post(proxy.url + "/v1/chat/completions", headers=proxy.headers(key), timeout=60,
+                      json={"model": "qwen-vl", "messages": messages, **body})
+
+
+def user_image(url: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "text", "text": "describe"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def upstream_bodies(url: str) -> list[dict[str, Any]]:
+    return [r["body"] for r in httpx.get(url + "/_requests", timeout=5).json()]
+
+
+def error_of(r: httpx.Response) -> str:
+    return str(r.json()["error"]["message"])
+
+
+# -- sizes as the decoder sees them ----------------------------------------------------------------
+
+
+def gif_with_small_screen(frame: tuple[int, int], screen: tuple[int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("P", frame).save(buf, "GIF")
+    raw = bytearray(buf.getvalue())
+    struct.pack_into("<HH", raw, 6, *screen)  # logical screen; the frame keeps its size
+    return bytes(raw)
+
+
+def test_max_visual_tokens_gif_logical_screen_does_not_hide_the_frame(stack: dict[str, Any]) -> None:
+    """Pillow (vLLM's decoder) opens a GIF whose screen says 1x1 at its 4000x4000 frame: 16,384 tokens."""
+    url = data_url(gif_with_small_screen((4000, 4000), (1, 1)), "image/gif")
+    r = post(stack["proxy"], "sk-cap", user_image(url))
+    assert r.status_code == 400, r.text
+    assert "needs 16384 visual tokens" in error_of(r)
+    ok = post(stack["proxy"], "sk-plain", user_image(url))
+    assert ok.status_code == 200 and ok.headers["x-litellm-kv-visual-tokens"] == "16384"
+
+
+# -- every role and part form the engine reads --------
