@@ -1,9 +1,11 @@
 """Images in a request: where they are, and their size read from the header, never the pixels.
 
 :func:`find_media` walks a chat/messages/responses request body and returns every image part
-(OpenAI ``image_url`` and ``input_image`` parts, Anthropic ``image`` blocks, also inside
-``tool_result`` blocks) and every video part. :func:`measure` gives an inline image's format and
-size by parsing its header: PNG, JPEG, WebP (VP8, VP8L, VP8X), GIF and BMP.
+(OpenAI ``image_url`` and ``input_image`` parts, typed or not, in every message role, Anthropic
+``image`` blocks, also inside ``tool_result`` blocks) and every video part, deciding what a part is
+by the engine's own rule (:func:`part_kind`). :func:`measure` gives an inline image's format and
+size by parsing its header: PNG, JPEG, WebP (VP8, VP8L, VP8X), GIF and BMP, at the size Pillow
+(what vLLM decodes with) opens it at.
 
 Every problem with an image is one error type, :class:`ImageError` (HTTP 400), whose
 ``limit_name`` says which kind: ``image.invalid_base64``, ``image.invalid_url``, ``image.too_large``
@@ -84,23 +86,46 @@ class ImageBounds:
 
 # -- finding images in a request ------------------------------------------------------------
 
-_VIDEO_TYPES: Final = frozenset({"video_url", "video", "input_video"})
+_VIDEO_TYPES: Final = frozenset({"video_url", "video", "input_video", "video_embeds"})
+#: The keys vLLM looks for, in its order, in a part without ``type`` or with a ``uuid``.
+_ENGINE_KEYS: Final = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds",
+                       "audio_url", "input_audio", "video_url", "tool_reference")
+#: Image parts that carry no image to measure: their token count is set by the client.
+_UNCOUNTABLE: Final = frozenset({"image_embeds", "image_pil"})
 
 
 def find_media(data: Mapping[str, Any]) -> tuple[list[ImagePart], list[VideoPart]]:
-    """Every image and video part in ``messages`` (chat, Anthropic messages) and ``input`` (responses)."""
+    """Every image and video part in ``messages`` (chat, Anthropic messages; every role), Anthropic ``system``
+    blocks and ``input`` (responses, function-call outputs included)."""
     images: list[ImagePart] = []
     videos: list[VideoPart] = []
+    system = data.get("system")
+    if isinstance(system, list):
+        _walk(system, "system", images, videos, depth=0)
     for top in ("messages", "input"):
         items = data.get(top)
         if not isinstance(items, list):
             continue
         for i, item in enumerate(items):
-            if isinstance(item, Mapping):
-                content = item.get("content")
+            if not isinstance(item, Mapping):
+                continue
+            for key in ("content", "output"):
+                content = item.get(key)
                 if isinstance(content, list):
-                    _walk(content, f"{top}[{i}].content", images, videos, depth=0)
+                    _walk(content, f"{top}[{i}].{key}", images, videos, depth=0)
     return images, videos
+
+
+def part_kind(part: Mapping[str, Any]) -> str | None:
+    """What the engine takes a content part for, by vLLM's own rule: its ``type``, unless the part has no
+    type or has a ``uuid``; then the first media key present. So ``{"image_url": ...}`` without a type, or a
+    ``text`` part with a ``uuid`` and an ``image_url``, is an image."""
+    kind = part.get("type")
+    if kind is None or part.get("uuid") is not None:
+        for key in _ENGINE_KEYS:
+            if key in part:
+                return key
+    return kind if isinstance(kind, str) else None
 
 
 def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[VideoPart], depth: int) -> None:
@@ -110,7 +135,7 @@ def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[Vid
         if not isinstance(part, Mapping):
             continue
         where = f"{path}[{j}]"
-        kind = part.get("type")
+        kind = part_kind(part)
         if kind in _VIDEO_TYPES:
             videos.append(VideoPart(where))
         elif kind in ("image_url", "input_image"):
@@ -122,9 +147,35 @@ def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[Vid
                     images.append(found)
         elif kind == "image":
             images.append(_anthropic_image(part, where))
+        elif kind == "file" and _is_video_file(part.get("file")):
+            videos.append(VideoPart(where))
+        elif kind in _UNCOUNTABLE:
+            raise ImageError.of(
+                "unsupported_format", where,
+                f"{kind} parts cannot be counted (their size is the client's); send the image itself", kind,
+            )
         nested = part.get("content")
         if isinstance(nested, list):
             _walk(nested, f"{where}.content", images, videos, depth + 1)
+
+
+_VIDEO_EXTENSIONS: Final = (".mp4", ".mov", ".avi", ".wmv", ".flv", ".mpeg", ".mpg", ".webm", ".mkv", ".m4v", ".3gp")
+
+
+def _is_video_file(file: object) -> bool:
+    """Whether LiteLLM turns this ``file`` part into a ``video_url`` for vLLM (its hosted_vllm transformation
+    does, by the part's format, its data URL's type or its file id's extension)."""
+    if not isinstance(file, Mapping):
+        return False
+    fmt, data, file_id = file.get("format"), file.get("file_data"), file.get("file_id")
+    if isinstance(fmt, str) and fmt.lower().startswith("video/"):
+        return True
+    if isinstance(data, str) and data[:11].lower() == "data:video/":
+        return True
+    if isinstance(file_id, str):
+        path = file_id.lower().split("?", 1)[0].split("#", 1)[0]
+        return path.endswith(_VIDEO_EXTENSIONS)
+    return False
 
 
 def _openai_image(part: Mapping[str, Any], where: str) -> ImagePart | None:

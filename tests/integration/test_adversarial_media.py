@@ -5,7 +5,8 @@ names the limit it protects. No vision model can run on this machine, so the ups
 fake (``tests/support/fake_upstream.py``) standing in for vLLM: it records the body it receives
 (``GET /_requests``), which is what these tests read back to see what the engine would be told. What
 vLLM itself does with those bodies is checked without a proxy: Pillow sizes in
-``tests/governance/test_images_pillow.py``.
+``tests/governance/test_images_pillow.py``, vLLM's part parser in
+``tests/governance/test_images_engine_parts.py``.
 """
 
 from __future__ import annotations
@@ -99,4 +100,31 @@ def test_max_visual_tokens_gif_logical_screen_does_not_hide_the_frame(stack: dic
     assert ok.status_code == 200 and ok.headers["x-litellm-kv-visual-tokens"] == "16384"
 
 
-# -- every role and part form the engine reads --------
+# -- every role and part form the engine reads -------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["system", "assistant", "tool"])
+def test_max_visual_tokens_untyped_image_parts_in_any_role_are_counted(stack: dict[str, Any], role: str) -> None:
+    """LiteLLM checks part types on user messages only; vLLM reads ``{"image_url": ...}`` in every role."""
+    hidden: dict[str, Any] = {"role": role, "content": [{"type": "text", "text": "see"},
+                                                       {"image_url": {"url": data_url(png(896, 896))}}]}
+    if role == "tool":
+        hidden["tool_call_id"] = "call-1"
+    messages = [hidden, {"role": "user", "content": "what was in it?"}]
+    if role == "tool":
+        messages.insert(0, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]})
+    r = post(stack["proxy"], "sk-cap", messages)
+    assert r.status_code == 400, r.text
+    assert "needs 1024 visual tokens" in error_of(r)
+    ok = post(stack["proxy"], "sk-plain", messages)
+    assert ok.status_code == 200, ok.text
+    assert ok.headers["x-litellm-kv-visual-tokens"] == "1024"
+
+
+def test_max_visual_tokens_text_part_with_uuid_and_image_is_counted(stack: dict[str, Any]) -> None:
+    """A ``text`` part with a ``uuid`` passes LiteLLM's check; vLLM parses its ``image_url``."""
+    part = {"type": "text", "text": "hi", "uuid": "img-1", "image_url": {"url": data_url(png(896, 896))}}
+    r = post(stack["proxy"], "sk-cap", [{"role": "user", "content": [part]}])
+    assert r.status_code == 400, r.text
+    assert "needs 1024 visual tokens" in error_of(r)
