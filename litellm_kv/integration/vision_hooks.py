@@ -43,8 +43,10 @@ from litellm_kv.governance.vision_policy import (
     engine_bounds,
     fit_max_pixels,
     image_tokens,
+    processor_kwargs_of,
     recount,
     resolve_policy,
+    take_processor_kwargs,
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
@@ -168,12 +170,12 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         litellm_data.drop_entry(req.data, DECISION_KEY)  # a client-sent decision is never trusted
         gs = self.group_settings(req.model_group)
         started = time.perf_counter()
+        b = self._processor_bounds(req, gs)
         images = self._find_images(req, gs)
         if not images:
             return
         policy = self._policy(req, gs)
         self._check_image_count(req, policy, len(images))
-        b = engine_bounds(req.data, gs)
         counted = await self._measure(req, images, gs, b)
         resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
         downscale = policy.downscale and resizable
@@ -198,6 +200,19 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         litellm_data.write_entry(req.data, DECISION_KEY, decision)
         req.response_headers[HEADER_TOKENS] = str(total)
         COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
+
+    def _processor_bounds(self, req: ProxyRequest, gs: GroupVisionSettings) -> PixelBounds:
+        """The bounds images are counted with; the client's ``mm_processor_kwargs`` (top level and
+        ``extra_body``) are taken out and, when valid, replaced by exactly those bounds at top level."""
+        try:
+            client = take_processor_kwargs(req.data)
+            b = engine_bounds(client, gs)
+        except PolicyViolation as exc:
+            REJECTED.labels(req.model_group, exc.limit_name).inc()
+            raise
+        if client:
+            req.data["mm_processor_kwargs"] = processor_kwargs_of(b)
+        return b
 
     def _find_images(self, req: ProxyRequest, gs: GroupVisionSettings) -> list[ImagePart]:
         """The request's images; its videos are refused unless the group allows them."""

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from litellm_kv.governance.vision import visual_tokens
 from tests.support.fake_upstream import start_fake_upstream
 from tools.harness.proxy import Proxy, start_proxy
 
@@ -128,3 +129,42 @@ def test_max_visual_tokens_text_part_with_uuid_and_image_is_counted(stack: dict[
     r = post(stack["proxy"], "sk-cap", [{"role": "user", "content": [part]}])
     assert r.status_code == 400, r.text
     assert "needs 1024 visual tokens" in error_of(r)
+
+
+# -- processor bounds from the client ------------------------------------------------------------
+
+
+def test_max_visual_tokens_extra_body_min_pixels_is_counted_and_sent_at_top_level(stack: dict[str, Any]) -> None:
+    """``extra_body.mm_processor_kwargs`` reaches vLLM: a 28x28 image (4 tokens) grown to ~15K tokens."""
+    grown = visual_tokens("qwen2_5_vl", 28, 28, min_pixels=12_000_000)
+    assert visual_tokens("qwen2_5_vl", 28, 28) == 4 and grown > 15_000
+    r = post(stack["proxy"], "sk-plain", user_image(data_url(png(28, 28))),
+             extra_body={"mm_processor_kwargs": {"min_pixels": 12_000_000}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-litellm-kv-visual-tokens"] == str(grown)
+    assert r.json()["usage"]["prompt_tokens_details"]["image_tokens"] == grown
+    body = upstream_bodies(stack["upstream"])[-1]
+    # One copy, at top level, holding the bounds that were counted.
+    assert body["mm_processor_kwargs"] == {"min_pixels": 12_000_000, "max_pixels": 28 * 28 * 16384}
+    assert "mm_processor_kwargs" not in (body.get("extra_body") or {})
+
+
+def test_max_visual_tokens_extra_body_min_pixels_cannot_pass_the_limit(stack: dict[str, Any]) -> None:
+    sent = len(upstream_bodies(stack["upstream"]))
+    small = post(stack["proxy"], "sk-cap", user_image(data_url(png(28, 28))))
+    assert small.status_code == 200, small.text
+    assert small.headers["x-litellm-kv-visual-tokens"] == "4"
+    r = post(stack["proxy"], "sk-cap", user_image(data_url(png(28, 28))),
+             extra_body={"mm_processor_kwargs": {"min_pixels": 12_000_000}})
+    assert r.status_code == 400, r.text
+    assert f"{CAP} visual tokens per request" in error_of(r) and "key 'capped'" in error_of(r)
+    assert len(upstream_bodies(stack["upstream"])) == sent + 1  # only the small one reached the engine
+
+
+@pytest.mark.parametrize("place", ["top", "extra_body"])
+def test_max_visual_tokens_uncounted_processor_kwargs_are_refused(stack: dict[str, Any], place: str) -> None:
+    kwargs = {"size": {"shortest_edge": 12_000_000, "longest_edge": 16_777_216}}
+    extra = {"mm_processor_kwargs": kwargs} if place == "top" else {"extra_body": {"mm_processor_kwargs": kwargs}}
+    r = post(stack["proxy"], "sk-plain", user_image(data_url(png(28, 28))), **extra)
+    assert r.status_code == 400, r.text
+    assert "mm_processor_kwargs.size is not accepted" in error_of(r)
