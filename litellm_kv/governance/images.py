@@ -240,45 +240,71 @@ def payload_bytes(part: ImagePart, bounds: ImageBounds) -> bytearray:
 
 
 _CHUNK: Final = 64 * 1024  # base64 characters decoded per step (a multiple of 4)
+#: Characters a base64 payload may be wrapped with. vLLM parses a data: URL with ``urllib.parse``,
+#: which drops tabs and line breaks before decoding; spaces are accepted here too (the engine refuses them).
+_WRAPPING: Final = " \t\r\n"
+_WRAPPING_BYTES: Final = _WRAPPING.encode("ascii")
+
+
+def payload_chars(text: str) -> int:
+    """How many base64 characters ``text`` holds, not counting line breaks and other wrapping."""
+    return len(text) - sum(text.count(c) for c in _WRAPPING)
 
 
 def decode_base64(text: str, where: str, max_bytes: int) -> bytearray:
     """Strict standard base64 (line breaks tolerated, padding optional), at most ``max_bytes`` decoded.
 
-    Decoded in fixed-size steps into one preallocated buffer, so peak memory is the decoded
-    image plus one step, not the encoded text copied twice.
+    Decoded in fixed-size steps into one preallocated buffer, so peak memory is the decoded image
+    plus one step, not the encoded text copied twice; no step holds the interpreter for long, so a
+    worker thread decoding a large image leaves the event loop running.
     """
-    if (len(text) // 4) * 3 > max_bytes + 3 * 1024:  # cheap pre-check; exact check after decoding
-        raise ImageError.of(
-            "too_large", where, f"image payload of about {len(text) * 3 // 4} bytes exceeds the cap of "
-            f"{max_bytes} bytes", len(text) * 3 // 4,
-        )
+    if len(text) // 4 * 3 - 2 > max_bytes:  # cheap pre-check on the raw length, then without the wrapping
+        chars = payload_chars(text)
+        if chars * 3 // 4 - 2 > max_bytes:  # padding removes at most 2 bytes from chars * 3 / 4
+            raise ImageError.of(
+                "too_large", where, f"image payload of about {chars * 3 // 4} bytes exceeds the cap of "
+                f"{max_bytes} bytes", chars * 3 // 4,
+            )
     if not text.isascii():
         raise ImageError.of("invalid_base64", where, "image data is not valid base64 (non-ASCII characters)")
-    if any(c in text for c in " \t\r\n"):
-        text = "".join(text.split())
-    missing = -len(text) % 4
-    if missing == 3:
-        raise ImageError.of("invalid_base64", where, "image data is not valid base64 (impossible length)")
-    out = bytearray(len(text) // 4 * 3 + 3)
+    # Decoding stops one step past the cap, so the buffer never needs more, however much wrapping there is.
+    out = bytearray(min(len(text) // 4 * 3 + 3, max_bytes + _CHUNK))
     filled = 0
+    carry = b""  # characters of an incomplete 4-character group, kept for the next step
+    padded = False
     try:
         for start in range(0, len(text), _CHUNK):
-            chunk = text[start:start + _CHUNK].encode("ascii")
+            chunk = carry + text[start:start + _CHUNK].encode("ascii").translate(None, _WRAPPING_BYTES)
             last = start + _CHUNK >= len(text)
+            if padded and chunk:
+                raise binascii.Error("data after the padding")
+            if not last:
+                cut = len(chunk) - len(chunk) % 4
+                chunk, carry = chunk[:cut], chunk[cut:]
+            if b"=" in chunk:
+                body = chunk.rstrip(b"=")
+                pads = len(chunk) - len(body)
+                # Padding only ends the last group, and only as much as that group lacks.
+                if b"=" in body or len(body) % 4 < 2 or pads > 4 - len(body) % 4:
+                    raise binascii.Error("padding inside the data")
+                padded = True
             if last:
+                missing = -len(chunk) % 4
+                if missing == 3:
+                    raise ImageError.of("invalid_base64", where, "image data is not valid base64 (impossible length)")
                 chunk += b"=" * missing
-            elif b"=" in chunk:
-                raise binascii.Error("padding inside the data")
             piece = binascii.a2b_base64(chunk, strict_mode=True)
             out[filled:filled + len(piece)] = piece
             filled += len(piece)
+            if filled > max_bytes:
+                break  # over the cap: no need to decode the rest
     except (binascii.Error, ValueError):
         raise ImageError.of("invalid_base64", where, "image data is not valid base64") from None
     del out[filled:]
     if len(out) > max_bytes:
         raise ImageError.of(
-            "too_large", where, f"image payload of {len(out)} bytes exceeds the cap of {max_bytes} bytes", len(out)
+            "too_large", where, f"image payload of {len(out)} or more bytes exceeds the cap of {max_bytes} bytes",
+            len(out),
         )
     if not out:
         raise ImageError.of("truncated", where, "image data is empty")
