@@ -235,7 +235,8 @@ def payload_bytes(part: ImagePart, bounds: ImageBounds) -> bytearray:
                 f"data: URL of type {media!r} is not base64 image data (supported: {', '.join(SUPPORTED_FORMATS)})",
                 media,
             )
-        text = text[comma + 1:]
+        # Decoded in place from after the comma: a copy of the text would hold the interpreter for long.
+        return decode_base64(text, part.where, bounds.max_bytes, start=comma + 1)
     return decode_base64(text, part.where, bounds.max_bytes)
 
 
@@ -246,20 +247,27 @@ _WRAPPING: Final = " \t\r\n"
 _WRAPPING_BYTES: Final = _WRAPPING.encode("ascii")
 
 
-def payload_chars(text: str) -> int:
-    """How many base64 characters ``text`` holds, not counting line breaks and other wrapping."""
-    return len(text) - sum(text.count(c) for c in _WRAPPING)
+def payload_chars(text: str, start: int = 0) -> int:
+    """How many base64 characters ``text[start:]`` holds, not counting line breaks and other wrapping.
+
+    Counted in steps, so that a thread counting a large image lets the event loop run in between."""
+    wrapping = 0
+    for pos in range(start, len(text), 16 * _CHUNK):
+        wrapping += sum(text.count(c, pos, pos + 16 * _CHUNK) for c in _WRAPPING)
+    return len(text) - start - wrapping
 
 
-def decode_base64(text: str, where: str, max_bytes: int) -> bytearray:
+def decode_base64(text: str, where: str, max_bytes: int, start: int = 0) -> bytearray:
     """Strict standard base64 (line breaks tolerated, padding optional), at most ``max_bytes`` decoded.
 
     Decoded in fixed-size steps into one preallocated buffer, so peak memory is the decoded image
     plus one step, not the encoded text copied twice; no step holds the interpreter for long, so a
-    worker thread decoding a large image leaves the event loop running.
+    worker thread decoding a large image leaves the event loop running. ``start``: where the base64
+    text begins in ``text`` (after a data: URL's comma).
     """
-    if len(text) // 4 * 3 - 2 > max_bytes:  # cheap pre-check on the raw length, then without the wrapping
-        chars = payload_chars(text)
+    size = len(text) - start
+    if size // 4 * 3 - 2 > max_bytes:  # cheap pre-check on the raw length, then without the wrapping
+        chars = payload_chars(text, start)
         if chars * 3 // 4 - 2 > max_bytes:  # padding removes at most 2 bytes from chars * 3 / 4
             raise ImageError.of(
                 "too_large", where, f"image payload of about {chars * 3 // 4} bytes exceeds the cap of "
@@ -268,14 +276,14 @@ def decode_base64(text: str, where: str, max_bytes: int) -> bytearray:
     if not text.isascii():
         raise ImageError.of("invalid_base64", where, "image data is not valid base64 (non-ASCII characters)")
     # Decoding stops one step past the cap, so the buffer never needs more, however much wrapping there is.
-    out = bytearray(min(len(text) // 4 * 3 + 3, max_bytes + _CHUNK))
+    out = bytearray(min(size // 4 * 3 + 3, max_bytes + _CHUNK))
     filled = 0
     carry = b""  # characters of an incomplete 4-character group, kept for the next step
     padded = False
     try:
-        for start in range(0, len(text), _CHUNK):
-            chunk = carry + text[start:start + _CHUNK].encode("ascii").translate(None, _WRAPPING_BYTES)
-            last = start + _CHUNK >= len(text)
+        for pos in range(start, len(text), _CHUNK):
+            chunk = carry + text[pos:pos + _CHUNK].encode("ascii").translate(None, _WRAPPING_BYTES)
+            last = pos + _CHUNK >= len(text)
             if padded and chunk:
                 raise binascii.Error("data after the padding")
             if not last:

@@ -61,6 +61,8 @@ METER = "visual_tokens"
 DECISION_KEY = "litellm_kv_vision"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
+#: Inline images with more base64 characters than this are decoded off the event loop.
+OFFLOAD_CHARS = 256 * 1024
 
 IMAGES = counter("vision_images", "Images seen in requests, by model group and kind.", ["model_group", "kind"])
 TOKENS_CHARGED = counter(
@@ -146,7 +148,11 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         out: list[Counted] = []
         for part in images:
             if part.inline:
-                info = measure(part, limits)
+                # Decoding a large image takes long enough to stall every other request: do it in a thread.
+                if len(part.source) > OFFLOAD_CHARS:
+                    info = await asyncio.to_thread(measure, part, limits)
+                else:
+                    info = measure(part, limits)
                 out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
                                    info.width, info.height, "header", part.detail))
                 continue
