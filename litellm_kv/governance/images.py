@@ -1,9 +1,11 @@
 """Images in a request: where they are, and their size read from the header, never the pixels.
 
 :func:`find_media` walks a chat/messages/responses request body and returns every image part
-(OpenAI ``image_url`` and ``input_image`` parts, Anthropic ``image`` blocks, also inside
-``tool_result`` blocks) and every video part. :func:`measure` gives an inline image's format and
-size by parsing its header: PNG, JPEG, WebP (VP8, VP8L, VP8X), GIF and BMP.
+(OpenAI ``image_url`` and ``input_image`` parts, typed or not, in every message role, Anthropic
+``image`` blocks, also inside ``tool_result`` blocks) and every video part, deciding what a part is
+by the engine's own rule (:func:`part_kind`). :func:`measure` gives an inline image's format and
+size by parsing its header: PNG, JPEG, WebP (VP8, VP8L, VP8X), GIF and BMP, at the size Pillow
+(what vLLM decodes with) opens it at.
 
 Every problem with an image is one error type, :class:`ImageError` (HTTP 400), whose
 ``limit_name`` says which kind: ``image.invalid_base64``, ``image.invalid_url``, ``image.too_large``
@@ -84,23 +86,46 @@ class ImageBounds:
 
 # -- finding images in a request ------------------------------------------------------------
 
-_VIDEO_TYPES: Final = frozenset({"video_url", "video", "input_video"})
+_VIDEO_TYPES: Final = frozenset({"video_url", "video", "input_video", "video_embeds"})
+#: The keys vLLM looks for, in its order, in a part without ``type`` or with a ``uuid``.
+_ENGINE_KEYS: Final = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds",
+                       "audio_url", "input_audio", "video_url", "tool_reference")
+#: Image parts that carry no image to measure: their token count is set by the client.
+_UNCOUNTABLE: Final = frozenset({"image_embeds", "image_pil"})
 
 
 def find_media(data: Mapping[str, Any]) -> tuple[list[ImagePart], list[VideoPart]]:
-    """Every image and video part in ``messages`` (chat, Anthropic messages) and ``input`` (responses)."""
+    """Every image and video part in ``messages`` (chat, Anthropic messages; every role), Anthropic ``system``
+    blocks and ``input`` (responses, function-call outputs included)."""
     images: list[ImagePart] = []
     videos: list[VideoPart] = []
+    system = data.get("system")
+    if isinstance(system, list):
+        _walk(system, "system", images, videos, depth=0)
     for top in ("messages", "input"):
         items = data.get(top)
         if not isinstance(items, list):
             continue
         for i, item in enumerate(items):
-            if isinstance(item, Mapping):
-                content = item.get("content")
+            if not isinstance(item, Mapping):
+                continue
+            for key in ("content", "output"):
+                content = item.get(key)
                 if isinstance(content, list):
-                    _walk(content, f"{top}[{i}].content", images, videos, depth=0)
+                    _walk(content, f"{top}[{i}].{key}", images, videos, depth=0)
     return images, videos
+
+
+def part_kind(part: Mapping[str, Any]) -> str | None:
+    """What the engine takes a content part for, by vLLM's own rule: its ``type``, unless the part has no
+    type or has a ``uuid``; then the first media key present. So ``{"image_url": ...}`` without a type, or a
+    ``text`` part with a ``uuid`` and an ``image_url``, is an image."""
+    kind = part.get("type")
+    if kind is None or part.get("uuid") is not None:
+        for key in _ENGINE_KEYS:
+            if key in part:
+                return key
+    return kind if isinstance(kind, str) else None
 
 
 def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[VideoPart], depth: int) -> None:
@@ -110,7 +135,7 @@ def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[Vid
         if not isinstance(part, Mapping):
             continue
         where = f"{path}[{j}]"
-        kind = part.get("type")
+        kind = part_kind(part)
         if kind in _VIDEO_TYPES:
             videos.append(VideoPart(where))
         elif kind in ("image_url", "input_image"):
@@ -122,9 +147,35 @@ def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[Vid
                     images.append(found)
         elif kind == "image":
             images.append(_anthropic_image(part, where))
+        elif kind == "file" and _is_video_file(part.get("file")):
+            videos.append(VideoPart(where))
+        elif kind in _UNCOUNTABLE:
+            raise ImageError.of(
+                "unsupported_format", where,
+                f"{kind} parts cannot be counted (their size is the client's); send the image itself", kind,
+            )
         nested = part.get("content")
         if isinstance(nested, list):
             _walk(nested, f"{where}.content", images, videos, depth + 1)
+
+
+_VIDEO_EXTENSIONS: Final = (".mp4", ".mov", ".avi", ".wmv", ".flv", ".mpeg", ".mpg", ".webm", ".mkv", ".m4v", ".3gp")
+
+
+def _is_video_file(file: object) -> bool:
+    """Whether LiteLLM turns this ``file`` part into a ``video_url`` for vLLM (its hosted_vllm transformation
+    does, by the part's format, its data URL's type or its file id's extension)."""
+    if not isinstance(file, Mapping):
+        return False
+    fmt, data, file_id = file.get("format"), file.get("file_data"), file.get("file_id")
+    if isinstance(fmt, str) and fmt.lower().startswith("video/"):
+        return True
+    if isinstance(data, str) and data[:11].lower() == "data:video/":
+        return True
+    if isinstance(file_id, str):
+        path = file_id.lower().split("?", 1)[0].split("#", 1)[0]
+        return path.endswith(_VIDEO_EXTENSIONS)
+    return False
 
 
 def _openai_image(part: Mapping[str, Any], where: str) -> ImagePart | None:
@@ -184,50 +235,84 @@ def payload_bytes(part: ImagePart, bounds: ImageBounds) -> bytearray:
                 f"data: URL of type {media!r} is not base64 image data (supported: {', '.join(SUPPORTED_FORMATS)})",
                 media,
             )
-        text = text[comma + 1:]
+        # Decoded in place from after the comma: a copy of the text would hold the interpreter for long.
+        return decode_base64(text, part.where, bounds.max_bytes, start=comma + 1)
     return decode_base64(text, part.where, bounds.max_bytes)
 
 
 _CHUNK: Final = 64 * 1024  # base64 characters decoded per step (a multiple of 4)
+#: Characters a base64 payload may be wrapped with. vLLM parses a data: URL with ``urllib.parse``,
+#: which drops tabs and line breaks before decoding; spaces are accepted here too (the engine refuses them).
+_WRAPPING: Final = " \t\r\n"
+_WRAPPING_BYTES: Final = _WRAPPING.encode("ascii")
 
 
-def decode_base64(text: str, where: str, max_bytes: int) -> bytearray:
+def payload_chars(text: str, start: int = 0) -> int:
+    """How many base64 characters ``text[start:]`` holds, not counting line breaks and other wrapping.
+
+    Counted in steps, so that a thread counting a large image lets the event loop run in between."""
+    wrapping = 0
+    for pos in range(start, len(text), 16 * _CHUNK):
+        wrapping += sum(text.count(c, pos, pos + 16 * _CHUNK) for c in _WRAPPING)
+    return len(text) - start - wrapping
+
+
+def decode_base64(text: str, where: str, max_bytes: int, start: int = 0) -> bytearray:
     """Strict standard base64 (line breaks tolerated, padding optional), at most ``max_bytes`` decoded.
 
-    Decoded in fixed-size steps into one preallocated buffer, so peak memory is the decoded
-    image plus one step, not the encoded text copied twice.
+    Decoded in fixed-size steps into one preallocated buffer, so peak memory is the decoded image
+    plus one step, not the encoded text copied twice; no step holds the interpreter for long, so a
+    worker thread decoding a large image leaves the event loop running. ``start``: where the base64
+    text begins in ``text`` (after a data: URL's comma).
     """
-    if (len(text) // 4) * 3 > max_bytes + 3 * 1024:  # cheap pre-check; exact check after decoding
-        raise ImageError.of(
-            "too_large", where, f"image payload of about {len(text) * 3 // 4} bytes exceeds the cap of "
-            f"{max_bytes} bytes", len(text) * 3 // 4,
-        )
+    size = len(text) - start
+    if size // 4 * 3 - 2 > max_bytes:  # cheap pre-check on the raw length, then without the wrapping
+        chars = payload_chars(text, start)
+        if chars * 3 // 4 - 2 > max_bytes:  # padding removes at most 2 bytes from chars * 3 / 4
+            raise ImageError.of(
+                "too_large", where, f"image payload of about {chars * 3 // 4} bytes exceeds the cap of "
+                f"{max_bytes} bytes", chars * 3 // 4,
+            )
     if not text.isascii():
         raise ImageError.of("invalid_base64", where, "image data is not valid base64 (non-ASCII characters)")
-    if any(c in text for c in " \t\r\n"):
-        text = "".join(text.split())
-    missing = -len(text) % 4
-    if missing == 3:
-        raise ImageError.of("invalid_base64", where, "image data is not valid base64 (impossible length)")
-    out = bytearray(len(text) // 4 * 3 + 3)
+    # Decoding stops one step past the cap, so the buffer never needs more, however much wrapping there is.
+    out = bytearray(min(size // 4 * 3 + 3, max_bytes + _CHUNK))
     filled = 0
+    carry = b""  # characters of an incomplete 4-character group, kept for the next step
+    padded = False
     try:
-        for start in range(0, len(text), _CHUNK):
-            chunk = text[start:start + _CHUNK].encode("ascii")
-            last = start + _CHUNK >= len(text)
+        for pos in range(start, len(text), _CHUNK):
+            chunk = carry + text[pos:pos + _CHUNK].encode("ascii").translate(None, _WRAPPING_BYTES)
+            last = pos + _CHUNK >= len(text)
+            if padded and chunk:
+                raise binascii.Error("data after the padding")
+            if not last:
+                cut = len(chunk) - len(chunk) % 4
+                chunk, carry = chunk[:cut], chunk[cut:]
+            if b"=" in chunk:
+                body = chunk.rstrip(b"=")
+                pads = len(chunk) - len(body)
+                # Padding only ends the last group, and only as much as that group lacks.
+                if b"=" in body or len(body) % 4 < 2 or pads > 4 - len(body) % 4:
+                    raise binascii.Error("padding inside the data")
+                padded = True
             if last:
+                missing = -len(chunk) % 4
+                if missing == 3:
+                    raise ImageError.of("invalid_base64", where, "image data is not valid base64 (impossible length)")
                 chunk += b"=" * missing
-            elif b"=" in chunk:
-                raise binascii.Error("padding inside the data")
             piece = binascii.a2b_base64(chunk, strict_mode=True)
             out[filled:filled + len(piece)] = piece
             filled += len(piece)
+            if filled > max_bytes:
+                break  # over the cap: no need to decode the rest
     except (binascii.Error, ValueError):
         raise ImageError.of("invalid_base64", where, "image data is not valid base64") from None
     del out[filled:]
     if len(out) > max_bytes:
         raise ImageError.of(
-            "too_large", where, f"image payload of {len(out)} bytes exceeds the cap of {max_bytes} bytes", len(out)
+            "too_large", where, f"image payload of {len(out)} or more bytes exceeds the cap of {max_bytes} bytes",
+            len(out),
         )
     if not out:
         raise ImageError.of("truncated", where, "image data is empty")
@@ -403,12 +488,14 @@ def _gif(raw: bytes | bytearray, where: str) -> tuple[int, int]:
         if block == 0x21:  # extension: label, then data sub-blocks
             pos = _skip_sub_blocks(raw, pos + 2, where)
         elif block == 0x2C:  # image descriptor
-            (lflags,) = struct.unpack("<B", raw[pos + 9:pos + 10])
+            left, top, frame_w, frame_h, lflags = struct.unpack("<HHHHB", raw[pos + 1:pos + 10])
             pos += 10
             if lflags & 0x80:
                 pos += 3 << ((lflags & 0x07) + 1)
             pos = _skip_sub_blocks(raw, pos + 1, where)  # +1: LZW minimum code size
-            return width, height
+            # Pillow (what vLLM decodes with) grows the canvas to hold the first frame, so a frame larger
+            # than the logical screen is decoded at the frame's extent: count that, not the screen.
+            return max(width, left + frame_w), max(height, top + frame_h)
         elif block == 0x3B:
             raise ImageError.of("corrupt", where, "gif has no frames")
         else:

@@ -7,7 +7,7 @@ images of a request, calls these functions and enforces what they decide. Schema
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -177,21 +177,103 @@ class TokenCap:
                    f"the limit of {limit.value} visual tokens per request for {who}")
 
 
-def engine_bounds(data: Mapping[str, Any], gs: GroupVisionSettings) -> PixelBounds:
-    """The pixel bounds the engine will use: the group's, or the client's own ``mm_processor_kwargs``."""
+#: The only processor arguments a client may set on a vision group: the ones the count follows.
+CLIENT_PROCESSOR_FIELDS = ("min_pixels", "max_pixels")
+
+
+def take_processor_kwargs(data: MutableMapping[str, Any]) -> dict[str, Any] | None:
+    """Remove the client's ``mm_processor_kwargs`` from the request, at top level and inside ``extra_body``
+    (LiteLLM sends both to the engine); their union, or ``None`` when the client sent none.
+
+    Removed so that the engine only ever gets the bounds the proxy counted with (written back by the
+    caller); the same field in both places with two values is a 400, as the engine would see only one.
+    """
+    extra = data.get("extra_body")
+    places = [("", data)] + ([("extra_body.", extra)] if isinstance(extra, MutableMapping) else [])
+    # Every copy is removed before any is checked, so a refused request leaves none behind either.
+    taken = [(prefix, place.pop("mm_processor_kwargs")) for prefix, place in places if "mm_processor_kwargs" in place]
+    found: dict[str, Any] = {}
+    for prefix, given in taken:
+        if given is None:
+            continue
+        if not isinstance(given, Mapping):
+            raise _processor_error(f"{prefix}mm_processor_kwargs must be an object, got {type(given).__name__}",
+                                   "mm_processor_kwargs", None)
+        for name, value in given.items():
+            if name in found and found[name] != value:
+                raise _processor_error(
+                    f"mm_processor_kwargs.{name} is given twice with different values ({_shown(found[name])} and "
+                    f"{_shown(value)} in {prefix}mm_processor_kwargs)", _field_label(name), value,
+                )
+            found[name] = value
+    return found if taken else None
+
+
+def _processor_error(message: str, field: str, value: object) -> PolicyViolation:
+    return PolicyViolation(400, message, limit_name=f"vision.{field}", value=value, source="request")
+
+
+def _field_label(name: object) -> str:
+    """The limit a refusal names: the field when it is one we know, never a client's own key (metric label)."""
+    return f"mm_processor_kwargs.{name}" if name in CLIENT_PROCESSOR_FIELDS else "mm_processor_kwargs"
+
+
+def _shown(value: object) -> str:
+    """A client value as a refusal quotes it: short, whatever the client sent."""
+    text = repr(value)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def engine_bounds(client: Mapping[str, Any] | None, gs: GroupVisionSettings) -> PixelBounds:
+    """The pixel bounds the engine will use: the group's, or the client's own (from
+    :func:`take_processor_kwargs`), checked so that what is counted is what the engine does.
+
+    Refused (400 ``vision.mm_processor_kwargs``): any other processor argument (``size``, patch sizes...
+    change the count in ways not modelled), any on a family the engine does not resize, values that are
+    not positive integers, ``min_pixels`` above ``max_pixels``, and ``min_pixels`` above
+    ``max_image_pixels`` (the engine would enlarge every image into a decompression bomb).
+    """
     lo, hi = gs.min_pixels, gs.max_pixels
-    client = data.get("mm_processor_kwargs")
-    if gs.family in ENGINE_RESIZABLE and isinstance(client, Mapping):
-        # The engine honours the client's values, so count with them (a client cannot hide tokens).
-        for name in ("min_pixels", "max_pixels"):
-            v = client.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise PolicyViolation(400, f"mm_processor_kwargs.{name} must be a positive integer, got {v!r}",
-                                      limit_name=f"vision.mm_processor_kwargs.{name}", value=v,
-                                      source="request")
-        lo = client.get("min_pixels", lo)
-        hi = client.get("max_pixels", hi)
-    return PixelBounds(lo, hi)
+    if not client:
+        return PixelBounds(lo, hi)
+    if gs.family not in ENGINE_RESIZABLE:
+        raise _processor_error(
+            f"mm_processor_kwargs cannot be set on a {gs.family} vision group: its visual tokens would not be "
+            "counted as the engine spends them", "mm_processor_kwargs", sorted(client),
+        )
+    unknown = sorted(str(k) for k in client if k not in CLIENT_PROCESSOR_FIELDS)
+    if unknown:
+        raise _processor_error(
+            f"mm_processor_kwargs.{unknown[0]} is not accepted on a vision group (only "
+            f"{', '.join(CLIENT_PROCESSOR_FIELDS)} are, so that visual tokens are counted as the engine spends them)",
+            "mm_processor_kwargs", unknown,
+        )
+    for name in CLIENT_PROCESSOR_FIELDS:
+        v = client.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise _processor_error(f"mm_processor_kwargs.{name} must be a positive integer, got {_shown(v)}",
+                                   f"mm_processor_kwargs.{name}", v)
+    grid = QWEN_GRIDS[gs.family]
+    lo = client.get("min_pixels") or lo
+    hi = client.get("max_pixels") or hi
+    lo_eff = grid.min_pixels if lo is None else lo
+    hi_eff = grid.max_pixels if hi is None else hi
+    if lo_eff > hi_eff:
+        raise _processor_error(f"mm_processor_kwargs.min_pixels ({lo_eff}) is above max_pixels ({hi_eff})",
+                               "mm_processor_kwargs.min_pixels", lo_eff)
+    if lo_eff > gs.max_image_pixels:
+        raise _processor_error(
+            f"mm_processor_kwargs.min_pixels ({lo_eff}) is above the group's max_image_pixels "
+            f"({gs.max_image_pixels}): every image would be enlarged past the decompression-bomb cap",
+            "mm_processor_kwargs.min_pixels", lo_eff,
+        )
+    # Both bounds explicit: the engine is then told exactly these, whatever it was started with.
+    return PixelBounds(lo_eff, hi_eff)
+
+
+def processor_kwargs_of(b: PixelBounds) -> dict[str, int]:
+    """The ``mm_processor_kwargs`` that make the engine resize within ``b`` (the bounds that are set)."""
+    return {name: v for name, v in (("min_pixels", b.min_pixels), ("max_pixels", b.max_pixels)) if v is not None}
 
 
 def image_tokens(gs: GroupVisionSettings, w: int, h: int, detail: str | None, b: PixelBounds, where: str) -> int:

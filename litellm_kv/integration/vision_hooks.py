@@ -43,8 +43,10 @@ from litellm_kv.governance.vision_policy import (
     engine_bounds,
     fit_max_pixels,
     image_tokens,
+    processor_kwargs_of,
     recount,
     resolve_policy,
+    take_processor_kwargs,
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
@@ -58,6 +60,8 @@ log = logging.getLogger("litellm_kv.governance.vision")
 METER = "visual_tokens"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
+#: Inline images with more base64 characters than this are decoded off the event loop.
+OFFLOAD_CHARS = 256 * 1024
 
 IMAGES = counter("vision_images", "Images seen in requests, by model group and kind.", ["model_group", "kind"])
 TOKENS_CHARGED = counter(
@@ -151,7 +155,11 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         out: list[Counted] = []
         for part in images:
             if part.inline:
-                info = measure(part, limits)
+                # Decoding a large image takes long enough to stall every other request: do it in a thread.
+                if len(part.source) > OFFLOAD_CHARS:
+                    info = await asyncio.to_thread(measure, part, limits)
+                else:
+                    info = measure(part, limits)
                 out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
                                    info.width, info.height, "header", part.detail))
                 continue
@@ -174,12 +182,12 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def pre_call(self, req: ProxyRequest) -> None:
         gs = self.group_settings(req.model_group)
         started = time.perf_counter()
+        b = self._processor_bounds(req, gs)
         images = self._find_images(req, gs)
         if not images:
             return
         policy = self._policy(req, gs)
         self._check_image_count(req, policy, len(images))
-        b = engine_bounds(req.data, gs)
         counted = await self._measure(req, images, gs, b)
         resizable = gs.family in ENGINE_RESIZABLE and gs.engine_resize
         downscale = policy.downscale and resizable
@@ -204,6 +212,19 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         self.keep_decision(req, decision)
         req.response_headers[HEADER_TOKENS] = str(total)
         COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
+
+    def _processor_bounds(self, req: ProxyRequest, gs: GroupVisionSettings) -> PixelBounds:
+        """The bounds images are counted with; the client's ``mm_processor_kwargs`` (top level and
+        ``extra_body``) are taken out and, when valid, replaced by exactly those bounds at top level."""
+        try:
+            client = take_processor_kwargs(req.data)
+            b = engine_bounds(client, gs)
+        except PolicyViolation as exc:
+            REJECTED.labels(req.model_group, exc.limit_name).inc()
+            raise
+        if client:
+            req.data["mm_processor_kwargs"] = processor_kwargs_of(b)
+        return b
 
     def _find_images(self, req: ProxyRequest, gs: GroupVisionSettings) -> list[ImagePart]:
         """The request's images; its videos are refused unless the group allows them."""
