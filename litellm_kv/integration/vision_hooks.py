@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets
 from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.vision import ENGINE_RESIZABLE
@@ -48,7 +49,7 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.governance import GovernanceHandler, release_holds, settle_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 from litellm_kv.tasks import spawn_held
@@ -185,6 +186,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         max_pixels, downscaled_by, total = self._plan(
             req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
         )
+        await self._hold(req, policy, charges, total)
         if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
             # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
             # engine honour that ceiling even if the deployment was started with a larger one.
@@ -281,7 +283,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         charges: list[dict[str, Any]] = []
         for pl in policy.periods:
             charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
-                            "source": pl.limit.source})
+                            "source": pl.limit.source, "at": now.isoformat()})
             try:
                 state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
             except BudgetStoreError as exc:
@@ -301,6 +303,40 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                  f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
                                  f"{pl.scope_label} (resets {reset})"))
         return caps, charges
+
+    async def _hold(
+        self, req: ProxyRequest, policy: VisionPolicy, charges: list[dict[str, Any]], total: int
+    ) -> None:
+        """Reserve the request's visual tokens in every period budget before the call (settled after it):
+        concurrent requests that each fit what was left cannot together spend more than is left."""
+        for pl, ch in zip(policy.periods, charges, strict=True):
+            if not total:
+                return
+            hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
+            try:
+                held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, total, hold_id,
+                                                  now=datetime.fromisoformat(ch["at"]))
+            except BudgetStoreError as exc:
+                await release_holds(self.budgets, METER, charges)
+                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
+                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
+            if not held.metered:
+                return  # the store failed open: asking it again for the other periods would only add waits
+            if held.granted:
+                ch["hold"], ch["held"] = hold_id, held.granted
+            if held.granted < total:
+                await release_holds(self.budgets, METER, charges)
+                state, now = held.state, datetime.now(timezone.utc)
+                reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                retry = state.retry_after_seconds(now)
+                raise self._reject(
+                    req, 429, f"vision.tokens_per_{pl.period.value}",
+                    f"Request needs {total} visual tokens; {pl.scope_label} has {state.remaining} left of "
+                    f"{state.limit} visual tokens this {pl.period.value} ({state.used} used, {state.held} held by "
+                    f"requests in flight) on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"It resets at {reset} (in {retry} s).", state.limit, total, pl.limit.source,
+                    {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset},
+                )
 
     def _plan(
         self, req: ProxyRequest, gs: GroupVisionSettings, policy: VisionPolicy, counted: list[Counted],
@@ -387,14 +423,14 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return tokens
 
     async def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
-        if not tokens:
-            return
-        now = datetime.now(timezone.utc)
-        for ch in decision.get("charges") or []:
-            try:
-                await self.budgets.charge(ch["scope"], METER, Period(ch["period"]), tokens, now=now)
-            except BudgetStoreError:
-                log.warning("litellm-kv: could not charge %s visual tokens to %s", tokens, ch["scope"])
+        # Every hold is settled, even at zero tokens: it must stop counting against the budget.
+        await settle_holds(self.budgets, METER, list(decision.get("charges") or []), tokens)
+
+    async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
+        """The call failed: give its holds back (a retry that succeeds still charges what it used)."""
+        decision = _decision_of(kwargs)
+        if decision is not None:
+            await release_holds(self.budgets, METER, list(decision.get("charges") or []))
 
     def _first_settle(self, key: str) -> bool:
         """True the first time ``key`` (a call id) is settled: a stream may be seen by two hooks."""
