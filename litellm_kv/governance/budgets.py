@@ -25,24 +25,32 @@ Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs 
   so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
   after their window ends.
 
-When Redis cannot be reached, ``fail_open=True`` (the default) lets the request through as if
-nothing had been used (the result says ``metered=False``), logs a warning and counts
-``litellm_kv_budget_store_errors_total``; ``fail_open=False`` raises :class:`BudgetStoreError` so the
-caller can reject (the reasoning and vision handlers turn that into HTTP 503).
+Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a
+:class:`CircuitBreaker`: after ``breaker_failures`` consecutive failures calls fail at once, without
+waiting on Redis, for ``breaker_open_s``; then one call probes it. When Redis fails, misses the
+deadline or the breaker is open, ``fail_open=True`` (the default, ``on_store_error: fail_open``) lets
+the request through as if nothing had been used (the result says ``metered=False``), logs a warning
+and counts ``litellm_kv_budget_store_errors_total``; ``fail_open=False`` raises
+:class:`BudgetStoreError` so the caller can reject (the reasoning and vision handlers turn that into
+HTTP 503).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any, Protocol
 
+from litellm_kv.config import BudgetSettings
 from litellm_kv.errors import LiteLLMKVError
 from litellm_kv.observability import counter
+from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.budgets")
 
@@ -56,11 +64,41 @@ STORE_ERRORS = counter(
 EXPIRY_GRACE = timedelta(days=1)
 
 #: How long a hold lives when the store is not told otherwise (``BudgetSettings.hold_ttl_s``).
-DEFAULT_HOLD_TTL_S = 900.0
+DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
 
 
 class BudgetStoreError(LiteLLMKVError):
     """The budget store could not be read or written and the store is configured to fail closed."""
+
+
+class CircuitBreaker:
+    """Closed until ``failures`` consecutive failures; then open for ``open_s`` (callers are refused at once,
+    so a sick Redis costs no waiting); then half-open: one probe is let through, its success closes it
+    and its failure opens it again."""
+
+    def __init__(self, failures: int, open_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.failures = failures
+        self.open_s = open_s
+        self._clock = clock
+        self._consecutive = 0
+        self._opened_at: float | None = None
+
+    def allow(self) -> bool:
+        if self._opened_at is None:
+            return True
+        if self._clock() - self._opened_at < self.open_s:
+            return False
+        self._opened_at = self._clock()  # half-open: this call probes; the others wait for its outcome
+        return True
+
+    def succeeded(self) -> None:
+        self._consecutive = 0
+        self._opened_at = None
+
+    def failed(self) -> None:
+        self._consecutive += 1
+        if self._consecutive >= self.failures:
+            self._opened_at = self._clock()
 
 
 class Period(str, Enum):
@@ -175,6 +213,12 @@ class PeriodBudgets(Protocol):
     async def close(self) -> None: ...
 
 
+def unmetered(period: Period, limit: int, amount: int | None, now: datetime) -> Hold:
+    """What failing open answers: a hold of the ask (at most the whole limit) as if nothing were used,
+    marked ``metered=False`` (nothing is held anywhere)."""
+    return Hold(_grant(limit, 0, 0, amount), BudgetState(0, limit, period.window(now)[1], metered=False))
+
+
 def _grant(limit: int, used: int, held: int, amount: int | None) -> int:
     """What a reservation gets: the ask, at most what neither usage nor other holds take (the same
     rule as the reserve branch of :data:`_SCRIPT`)."""
@@ -274,10 +318,10 @@ class MemoryPeriodBudgets:
 _SCRIPT = """
 local used_key, holds_key, until_key = KEYS[1], KEYS[2], KEYS[3]
 local op, hold, amount, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, hold_until, expire_at = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local expired = redis.call('ZRANGEBYSCORE', until_key, '-inf', '(' .. now)
+local hold_until, expire_at = ARGV[6], ARGV[7]
+local expired = redis.call('ZRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5])
 for _, id in ipairs(expired) do redis.call('HDEL', holds_key, id) end
-if #expired > 0 then redis.call('ZREMRANGEBYSCORE', until_key, '-inf', '(' .. now) end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5]) end
 if op ~= 'check' then
   redis.call('HDEL', holds_key, hold)
   redis.call('ZREM', until_key, hold)
@@ -315,6 +359,8 @@ class RedisPeriodBudgets:
         fail_open: bool = True,
         timeout_s: float | None = None,
         hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
+        deadline_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
@@ -322,7 +368,14 @@ class RedisPeriodBudgets:
         self.prefix = prefix
         self.fail_open = fail_open
         self.hold_ttl_s = hold_ttl_s
+        self.deadline_s = deadline_s
+        # Without a breaker of the caller's, one that never opens: every call waits for its own answer.
+        self.breaker = breaker or CircuitBreaker(failures=2**31, open_s=0.0)
         self._clock = clock
+        # Reservations that missed their deadline: Redis may still run them when it wakes up (the command
+        # was sent), so they are released once it answers again rather than left held until they expire.
+        self._unsure: list[tuple[str, str, Period, str, datetime]] = []
+        self._cleanup: set[asyncio.Task[None]] = set()
         if client is None:
             from litellm_kv.redis_client import RedisUse, connect
 
@@ -339,7 +392,40 @@ class RedisPeriodBudgets:
         STORE_ERRORS.labels(op, outcome).inc()
         log.warning("litellm-kv: budget store %s failed (%s): %s", op, outcome, exc)
         if not self.fail_open:
-            raise BudgetStoreError(f"period budget store unavailable: {exc}") from exc
+            raise BudgetStoreError(
+                f"period budget store unavailable ({exc}); litellm_kv.budgets.on_store_error is fail_closed"
+            ) from exc
+
+    async def _guarded(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One Redis call under the deadline and the circuit breaker (a refusal or a missed deadline is a
+        failure like any other, so callers handle all three alike)."""
+        if not self.breaker.allow():
+            raise BudgetStoreError(
+                f"circuit breaker open after {self.breaker.failures} consecutive failures; Redis is not asked "
+                f"for {self.breaker.open_s:g} s"
+            )
+        deadline = self.deadline_s
+        try:
+            async with asyncio.timeout(deadline):  # None: no deadline but the socket timeout
+                result = await call()
+        except TimeoutError:
+            self.breaker.failed()
+            raise BudgetStoreError(f"no answer within the deadline of {(deadline or 0) * 1000:g} ms") from None
+        except Exception:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        if self._unsure and not self._cleanup:
+            spawn_held(self._cleanup, self._release_unsure())
+        return result
+
+    async def _release_unsure(self) -> None:
+        while self._unsure:
+            scope, meter, period, hold, at = self._unsure.pop()
+            try:
+                await self._run("release", scope, meter, period, at, hold=hold)
+            except Exception:
+                return  # Redis is failing again; what is left expires by itself
 
     async def _run(
         self, op: str, scope: str, meter: str, period: Period, now: datetime, *, hold: str = "",
@@ -348,10 +434,10 @@ class RedisPeriodBudgets:
         key = self.key(scope, meter, period, now)
         expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
         ts = now.timestamp()
-        raw = await self._script(
+        raw = await self._guarded(lambda: self._script(
             keys=[key, key + ":holds", key + ":hold_until"],
             args=[op, hold, amount, limit, repr(ts), repr(ts + self.hold_ttl_s), expire_at],
-        )
+        ))
         first, used, held = (int(v) for v in raw)
         return first, used, held
 
@@ -364,7 +450,7 @@ class RedisPeriodBudgets:
             _, used, held = await self._run("check", scope, meter, period, now)
         except Exception as exc:  # connection, timeout and protocol errors alike
             self._failed("check", exc)
-            return BudgetState(0, limit, reset_at, metered=False)
+            return unmetered(period, limit, None, now).state
         return BudgetState(used, limit, reset_at, held)
 
     async def charge(
@@ -373,11 +459,15 @@ class RedisPeriodBudgets:
         now = now or self._clock()
         key = self.key(scope, meter, period, now)
         expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
-        try:
+
+        async def incr() -> Any:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.incrby(key, amount)
                 pipe.expireat(key, expire_at)
-                total, _ = await pipe.execute()
+                return await pipe.execute()
+
+        try:
+            total, _ = await self._guarded(incr)
         except Exception as exc:
             self._failed("charge", exc)
             return 0
@@ -394,9 +484,10 @@ class RedisPeriodBudgets:
                 "reserve", scope, meter, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
             )
         except Exception as exc:
+            if len(self._unsure) < 1024:
+                self._unsure.append((scope, meter, period, hold, now))
             self._failed("reserve", exc)
-            # Failing open: the caller goes on as if nothing was used, unmetered.
-            return Hold(_grant(limit, 0, 0, amount), BudgetState(0, limit, reset_at, metered=False))
+            return unmetered(period, limit, amount, now)
         return Hold(granted, BudgetState(used, limit, reset_at, held))
 
     async def settle(
@@ -418,12 +509,19 @@ class RedisPeriodBudgets:
             self._failed("release", exc)
 
     async def close(self) -> None:
+        for task in list(self._cleanup):
+            task.cancel()
         with contextlib.suppress(Exception):  # closing a broken connection is best effort
             await self._redis.aclose()
 
 
-def make_period_budgets(redis_url: str | None, *, fail_open: bool = True) -> PeriodBudgets:
-    """Redis-backed budgets when a URL is configured (shared mode), otherwise in-process ones."""
+def make_period_budgets(redis_url: str | None, options: BudgetSettings | None = None) -> PeriodBudgets:
+    """Redis-backed budgets when a URL is configured (shared mode), otherwise in-process ones, both as
+    ``options`` (``litellm_kv.budgets``) say."""
+    o = options or BudgetSettings()
     if redis_url:
-        return RedisPeriodBudgets(redis_url, fail_open=fail_open)
-    return MemoryPeriodBudgets()
+        return RedisPeriodBudgets(
+            redis_url, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
+            deadline_s=o.deadline_ms / 1000, breaker=CircuitBreaker(o.breaker_failures, o.breaker_open_s),
+        )
+    return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

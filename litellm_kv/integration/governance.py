@@ -3,6 +3,7 @@ group's config, parsed once per group, and period budgets (in memory, or Redis w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, MutableMapping
 from datetime import datetime, timezone
@@ -12,6 +13,7 @@ from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.tasks import spawn_held
 
 G = TypeVar("G")
 
@@ -64,11 +66,17 @@ class GovernanceHandler(Handler, Generic[G]):
         super().__init__(settings)
         self._budgets = budgets
         self._groups: dict[str, G] = {}
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def settle_later(self, meter: str, charges: list[dict[str, Any]], tokens: int) -> None:
+        """Settle the call's holds off the response path: until it lands the hold still counts, so
+        waiting on the store (slow or down) here would only delay the caller, never protect the budget."""
+        spawn_held(self._settling, settle_holds(self.budgets, meter, charges, tokens))
 
     @property
     def budgets(self) -> PeriodBudgets:
         if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_url)
+            self._budgets = make_period_budgets(self.settings.redis_url, self.settings.budgets)
         return self._budgets
 
     async def shutdown(self) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, unmetered
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
     POLICY_FIELDS,
@@ -40,7 +40,7 @@ from litellm_kv.governance.reasoning import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds, settle_holds
+from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity.meters import HFMeter
@@ -252,22 +252,23 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             charge: dict[str, Any] = {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
                                       "source": pl.limit.source, "at": now.isoformat()}
             decision.charges.append(charge)
-            if not decision.thinking or not metered:
+            if not decision.thinking:
                 continue
             hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
-            try:
-                held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, decision.budget,
-                                                  hold_id, now=now)
-            except BudgetStoreError as exc:
-                await release_holds(self.budgets, METER, decision.charges)
-                REJECTED.labels(group, "store_unavailable").inc()
-                raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
-                                      limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
-            if not held.metered:
+            if not metered:
                 # The store failed open: asking it again for the other periods would only add waits.
-                metered = False
-                continue
-            if held.granted:
+                held = unmetered(pl.period, pl.limit.value, decision.budget, now)
+            else:
+                try:
+                    held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, decision.budget,
+                                                      hold_id, now=now)
+                except BudgetStoreError as exc:
+                    await release_holds(self.budgets, METER, decision.charges)
+                    REJECTED.labels(group, "store_unavailable").inc()
+                    raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
+                                          limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
+                metered = held.metered
+            if held.metered and held.granted:
                 charge["hold"], charge["held"] = hold_id, held.granted
             state = held.state
             if state.exhausted:
@@ -309,9 +310,13 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         assert decision.budget is not None
         for ch in decision.charges:
             if ch.get("hold") and int(ch.get("held") or 0) > decision.budget:
-                held = await self.budgets.reserve(ch["scope"], METER, Period(ch["period"]), int(ch["limit"]),
-                                                  decision.budget, str(ch["hold"]), now=now)
-                ch["held"] = held.granted
+                try:
+                    held = await self.budgets.reserve(ch["scope"], METER, Period(ch["period"]), int(ch["limit"]),
+                                                      decision.budget, str(ch["hold"]), now=now)
+                except BudgetStoreError:
+                    continue  # the larger hold stays until it is settled: it can only under-spend
+                if held.metered:
+                    ch["held"] = held.granted
 
     # -- after the call --------------------------------------------------------------------------
     def _count(self, group: str, text: str) -> tuple[int, str]:
@@ -336,7 +341,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             set_reasoning_tokens(usage, tokens, add_to_completion=not gs.completion_includes_reasoning)
         if tokens:
             TOKENS_CHARGED.labels(group, source).inc(tokens)
-        await settle_holds(self.budgets, METER, decision.charges, tokens)
+        self.settle_later(METER, decision.charges, tokens)
         breakdown = {
             "reasoning_tokens": tokens,
             "measured_by": source,

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets, unmetered
 from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.vision import ENGINE_RESIZABLE
@@ -49,10 +49,9 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds, settle_holds
+from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
-from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.vision")
 
@@ -96,7 +95,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings, budgets)
         self._streams_done: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
@@ -281,14 +279,22 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         if policy.max_tokens is not None:
             caps.append(TokenCap.per_request(policy.max_tokens, req.caller.key_label))
         charges: list[dict[str, Any]] = []
+        metered = True
         for pl in policy.periods:
             charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
                             "source": pl.limit.source, "at": now.isoformat()})
-            try:
-                state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
-            except BudgetStoreError as exc:
-                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
-                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
+            if not metered:
+                # The store failed open: asking it again for the other periods would only add waits.
+                state = unmetered(pl.period, pl.limit.value, None, now).state
+            else:
+                try:
+                    state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
+                except BudgetStoreError as exc:
+                    raise self._reject(req, 503, "vision.store", "Visual-token budgets cannot be checked right "
+                                       f"now: {exc}", None, None, "", {"Retry-After": "5"}) from None
+                metered = state.metered
+            if not state.metered:
+                charges[-1]["unmetered"] = True
             reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             retry = state.retry_after_seconds(now)
             headers = {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset}
@@ -310,7 +316,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         """Reserve the request's visual tokens in every period budget before the call (settled after it):
         concurrent requests that each fit what was left cannot together spend more than is left."""
         for pl, ch in zip(policy.periods, charges, strict=True):
-            if not total:
+            if not total or ch.get("unmetered"):
                 return
             hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
             try:
@@ -422,9 +428,9 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             record_breakdown(target, "vision", breakdown)
         return tokens
 
-    async def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
+    def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
         # Every hold is settled, even at zero tokens: it must stop counting against the budget.
-        await settle_holds(self.budgets, METER, list(decision.get("charges") or []), tokens)
+        self.settle_later(METER, list(decision.get("charges") or []), tokens)
 
     async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
         """The call failed: give its holds back (a retry that succeeds still charges what it used)."""
@@ -446,7 +452,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         decision = _decision_of(request_data)
         usage = litellm_data.usage_of(response)
         if decision is not None and usage is not None:
-            await self._charge(decision, self._apply([request_data], decision, usage))
+            self._charge(decision, self._apply([request_data], decision, usage))
 
     async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
         """Patch the usage chunk LiteLLM records for pricing (no hook sees it: LiteLLM strips it first)."""
@@ -471,8 +477,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             if not self._first_settle(call_id):
                 return
             tokens = self._apply(targets, decision, usage)
-            # Budgets are charged off the stream's path (the list append cannot await).
-            spawn_held(self._tasks, self._charge(decision, tokens))
+            self._charge(decision, tokens)  # off the stream's path (the list append cannot await)
 
         watch = _UsageWatch(chunks, on_usage)
         for holder in [stream, *_inner_wrappers(stream, chunks)]:
@@ -487,7 +492,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             return
         call_id = litellm_data.call_id(request_data) or str(id(request_data))
         if self._first_settle(call_id):
-            await self._charge(decision, self._apply([request_data], decision, usage))
+            self._charge(decision, self._apply([request_data], decision, usage))
 
 
 def _inner_wrappers(stream: Any, chunks: list[Any]) -> list[Any]:

@@ -8,15 +8,20 @@ each test states one rule that keeps a period budget from being overspent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from litellm_kv.governance.budgets import (
     BudgetState,
     BudgetStoreError,
+    CircuitBreaker,
     Hold,
     MemoryPeriodBudgets,
     Period,
@@ -209,3 +214,52 @@ async def test_holds_are_per_scope_meter_and_window(budgets: PeriodBudgets) -> N
     assert (await budgets.check("team:t", M, Period.DAY, 100, now=TF)).held == 0
     assert (await budgets.check("key:a", "visual_tokens", Period.DAY, 100, now=TF)).held == 0
     assert (await budgets.check("key:a", M, Period.DAY, 100, now=TF + timedelta(seconds=31))).held == 0
+
+
+# -- bounded waits: a paused (SIGSTOP) redis-server --------------------------------------------------
+
+async def _timed(call: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    with contextlib.suppress(BudgetStoreError):
+        await call()
+    return time.perf_counter() - t
+
+
+@pytest.mark.redis
+async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is_open() -> None:
+    """Bounded waits of the period budgets: each call gives up at its deadline, and after
+    ``breaker_failures`` of them calls fail at once until the breaker lets a probe through."""
+    srv = RedisServer(name="redis-budgets-paused")
+    breaker = CircuitBreaker(failures=2, open_s=0.5)
+    closed = RedisPeriodBudgets(srv.url, fail_open=False, deadline_s=0.05, breaker=breaker, prefix="p")
+    open_ = RedisPeriodBudgets(srv.url, fail_open=True, deadline_s=0.05,
+                               breaker=CircuitBreaker(failures=2, open_s=0.5), prefix="p")
+    try:
+        assert (await closed.reserve("key:a", M, Period.DAY, 100, 10, "h0", now=TF)).granted == 10
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+        try:
+            waits = [await _timed(lambda: closed.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF))
+                     for _ in range(4)]
+            with pytest.raises(BudgetStoreError, match="fail_closed"):
+                await closed.check("key:a", M, Period.DAY, 100, now=TF)
+            # Failing open: the request goes on unmetered, as fast.
+            held = await open_.reserve("key:a", M, Period.DAY, 100, 10, "h2", now=TF)
+            assert (held.granted, held.metered) == (10, False)
+        finally:
+            srv.proc.signal(signal.SIGCONT)
+        assert all(w < 0.25 for w in waits[:2]), waits  # the deadline, not the 0.5 s socket timeout
+        assert all(w < 0.02 for w in waits[2:]), waits  # breaker open: Redis is not waited on
+        await asyncio.sleep(0.6)  # the breakers let one probe through, which closes them
+        for store in (closed, open_):
+            await store.check("key:a", M, Period.DAY, 100, now=TF)
+        # Reservations sent while Redis was paused may run when it resumes: they are released again.
+        for _ in range(40):
+            if (await closed.check("key:a", M, Period.DAY, 100, now=TF)).held == 10:
+                break
+            await asyncio.sleep(0.05)
+        assert (await closed.check("key:a", M, Period.DAY, 100, now=TF)).held == 10
+    finally:
+        await closed.close()
+        await open_.close()
+        srv.stop()
