@@ -177,6 +177,50 @@ class RedisRoutingSettings:
 
 
 @dataclass(slots=True)
+class BudgetSettings:
+    """How period budgets (reasoning and visual tokens) use their store (``litellm_kv.budgets``)."""
+
+    on_store_error: typing.Literal["fail_open", "fail_closed"] = doc(
+        "When the budget store (Redis) fails, misses its deadline or its circuit breaker is open: 'fail_open' "
+        "serves the request unmetered (as if nothing was used; warning logged, "
+        "litellm_kv_budget_store_errors_total counted); 'fail_closed' refuses requests that a period budget "
+        "applies to with HTTP 503 and Retry-After: 5 (limit reasoning.store / vision.store).",
+        default="fail_open",
+    )
+    deadline_ms: float = doc(
+        "Longest wait for one budget call on the request path (reserve before the call, settle after it); "
+        "past it the call counts as a store failure. A request waits at most about this long per governance "
+        "handler before the call (later periods are not asked once one failed); settling after the call runs "
+        "off the response path. It is wall time in the proxy's event loop, so a proxy busy with a burst can "
+        "miss it with Redis healthy.",
+        default=50.0,
+    )
+    breaker_failures: int = doc(
+        "Consecutive budget-store failures (errors or missed deadlines) that open the circuit breaker: "
+        "while it is open, budget calls fail at once without asking Redis (then on_store_error applies).",
+        default=3,
+    )
+    breaker_open_s: float = doc(
+        "How long the circuit breaker stays open; then one call probes Redis, and its success closes it.",
+        default=2.0,
+    )
+    hold_ttl_s: float = doc(
+        "How long a request's hold on a period budget lives if it is neither settled nor released (a "
+        "proxy that died mid-call); a call still running then is charged in full when it ends, but its "
+        "tokens no longer count as held in the meantime.",
+        default=900.0,
+    )
+
+    def validate(self) -> None:
+        if self.deadline_ms <= 0:
+            raise ValueError("deadline_ms must be > 0")
+        if self.breaker_failures < 1:
+            raise ValueError("breaker_failures must be >= 1")
+        if self.breaker_open_s <= 0 or self.hold_ttl_s <= 0:
+            raise ValueError("breaker_open_s and hold_ttl_s must be > 0")
+
+
+@dataclass(slots=True)
 class Settings:
     """Top-level litellm-kv settings (``litellm_kv:`` in the LiteLLM config)."""
 
@@ -200,6 +244,10 @@ class Settings:
     redis_routing: RedisRoutingSettings = doc(
         "Deadline and circuit breaker of the Redis calls on the routing path (see 'redis_routing').",
         default_factory=RedisRoutingSettings,
+    )
+    budgets: BudgetSettings = doc(
+        "Period-budget store behaviour: deadline, circuit breaker, fail open or closed, hold lifetime.",
+        default_factory=BudgetSettings,
     )
     model_groups: dict[str, ModelGroupSettings] = doc(
         "Per model-group settings, keyed by the LiteLLM model_name.", default_factory=dict

@@ -6,33 +6,51 @@ in UTC: a day starts at 00:00 UTC, a week on Monday 00:00 UTC, a month on the 1s
 Usage resets when the window ends (``reset_at``); each window is a separate counter, so there
 is no reset job.
 
-Two backends share the :class:`PeriodBudgets` protocol:
+A request's maximum is **reserved** before the call (:meth:`PeriodBudgets.reserve`: a *hold*,
+granted only out of what neither usage nor other holds take) and **settled** after it
+(:meth:`PeriodBudgets.settle`: the hold is replaced by the amount really used) or **released** on
+failure (:meth:`PeriodBudgets.release`). Holds expire ``hold_ttl_s`` after they were taken, so a
+proxy that dies mid-call gives its holds back. Concurrent requests therefore cannot all be granted
+the same remainder: a window is overspent only by what requests use beyond what they held.
 
-* :class:`MemoryPeriodBudgets`: per process (``mode: embedded`` with one proxy worker).
+Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs on both:
+``tests/governance/test_budgets.py``):
+
+* :class:`MemoryPeriodBudgets`: per process (``mode: embedded`` with one proxy worker). Each
+  operation runs without an ``await`` inside, so it is atomic on the event loop without a lock.
 * :class:`RedisPeriodBudgets`: shared by every proxy and worker. Keys look like
-  ``litellm_kv:budget:{key:ab12}:reasoning_tokens:day:20250101``: the ``{...}`` hash tag keeps all
-  counters of one scope in one Redis Cluster slot. Charges are ``INCRBY`` + ``EXPIREAT`` in one
-  ``MULTI`` transaction, so concurrent proxies never lose an update; counters expire a day after
-  their window ends.
+  ``litellm_kv:budget:{key:ab12}:reasoning_tokens:day:20250101`` (usage), with ``…:holds`` (hold id
+  → amount) and ``…:hold_until`` (hold id → expiry) beside it: the ``{...}`` hash tag keeps all
+  keys of one scope in one Redis Cluster slot. Every operation is one Lua script (:data:`_SCRIPT`),
+  so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
+  after their window ends.
 
-When Redis cannot be reached, ``fail_open=True`` (the default) lets the request through as if
-nothing had been used, logs a warning and counts ``litellm_kv_budget_store_errors_total``;
-``fail_open=False`` raises :class:`BudgetStoreError` so the caller can reject (the reasoning
-handler turns that into HTTP 503).
+Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a
+:class:`CircuitBreaker`: after ``breaker_failures`` consecutive failures calls fail at once, without
+waiting on Redis, for ``breaker_open_s``; then one call probes it. When Redis fails, misses the
+deadline or the breaker is open, ``fail_open=True`` (the default, ``on_store_error: fail_open``) lets
+the request through as if nothing had been used (the result says ``metered=False``), logs a warning
+and counts ``litellm_kv_budget_store_errors_total``; ``fail_open=False`` raises
+:class:`BudgetStoreError` so the caller can reject (the reasoning and vision handlers turn that into
+HTTP 503).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any, Protocol
 
+from litellm_kv.config import BudgetSettings
 from litellm_kv.errors import LiteLLMKVError
 from litellm_kv.observability import counter
+from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.budgets")
 
@@ -45,9 +63,42 @@ STORE_ERRORS = counter(
 #: Counters outlive their window by this much (late charges of long streams still land).
 EXPIRY_GRACE = timedelta(days=1)
 
+#: How long a hold lives when the store is not told otherwise (``BudgetSettings.hold_ttl_s``).
+DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
+
 
 class BudgetStoreError(LiteLLMKVError):
     """The budget store could not be read or written and the store is configured to fail closed."""
+
+
+class CircuitBreaker:
+    """Closed until ``failures`` consecutive failures; then open for ``open_s`` (callers are refused at once,
+    so a sick Redis costs no waiting); then half-open: one probe is let through, its success closes it
+    and its failure opens it again."""
+
+    def __init__(self, failures: int, open_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.failures = failures
+        self.open_s = open_s
+        self._clock = clock
+        self._consecutive = 0
+        self._opened_at: float | None = None
+
+    def allow(self) -> bool:
+        if self._opened_at is None:
+            return True
+        if self._clock() - self._opened_at < self.open_s:
+            return False
+        self._opened_at = self._clock()  # half-open: this call probes; the others wait for its outcome
+        return True
+
+    def succeeded(self) -> None:
+        self._consecutive = 0
+        self._opened_at = None
+
+    def failed(self) -> None:
+        self._consecutive += 1
+        if self._consecutive >= self.failures:
+            self._opened_at = self._clock()
 
 
 class Period(str, Enum):
@@ -79,23 +130,39 @@ class Period(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class BudgetState:
-    """Usage of one budget in the current window."""
+    """Usage of one budget in the current window: ``used`` (settled) and ``held`` (reserved by calls
+    in flight). ``metered`` is False when the store could not be asked and failed open."""
 
     used: int
     limit: int
     reset_at: datetime
+    held: int = 0
+    metered: bool = True
 
     @property
     def remaining(self) -> int:
-        return max(0, self.limit - self.used)
+        return max(0, self.limit - self.used - self.held)
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= self.limit
+        return self.used + self.held >= self.limit
 
     def retry_after_seconds(self, now: datetime) -> int:
         """Whole seconds until the window resets (at least 1): the ``Retry-After`` value."""
         return max(1, int((self.reset_at - now.astimezone(timezone.utc)).total_seconds() + 0.999))
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """The answer to a reservation: ``granted`` tokens are held (0: none could be), and the budget's
+    state as the reservation found it (before this hold)."""
+
+    granted: int
+    state: BudgetState
+
+    @property
+    def metered(self) -> bool:
+        return self.state.metered
 
 
 def utc_now() -> datetime:
@@ -103,12 +170,16 @@ def utc_now() -> datetime:
 
 
 class PeriodBudgets(Protocol):
-    """Where period usage is kept. All methods are coroutines; ``now`` defaults to the clock."""
+    """Where period usage and holds are kept. All methods are coroutines; ``now`` defaults to the clock.
+
+    ``hold`` is the caller's id of one reservation (unique per request and budget); settling or
+    releasing must pass the ``now`` of the reservation, so it lands in the window it was taken from.
+    """
 
     async def check(
         self, scope: str, meter: str, period: Period, limit: int, now: datetime | None = None
     ) -> BudgetState:
-        """Usage of ``scope``/``meter`` in the current ``period`` window, against ``limit``."""
+        """Usage and live holds of ``scope``/``meter`` in the current ``period`` window, against ``limit``."""
         ...
 
     async def charge(
@@ -117,26 +188,76 @@ class PeriodBudgets(Protocol):
         """Add ``amount`` (may be negative: a refund) to the current window; returns the new total."""
         ...
 
+    async def reserve(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
+        now: datetime | None = None,
+    ) -> Hold:
+        """Hold ``min(amount, what is left)`` (``amount=None``: all that is left) atomically.
+
+        What is left is ``limit - used - live holds``; a hold of the same id is replaced, not added to
+        (so reserving again with a smaller amount shrinks it). Nothing is held when nothing is left.
+        """
+        ...
+
+    async def settle(
+        self, scope: str, meter: str, period: Period, hold: str, amount: int, now: datetime | None = None
+    ) -> int:
+        """Drop ``hold`` and add ``amount`` to usage, atomically; returns the new usage (an expired or
+        unknown hold still charges ``amount``)."""
+        ...
+
+    async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
+        """Drop ``hold`` without charging anything (the call failed or never ran)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+def unmetered(period: Period, limit: int, amount: int | None, now: datetime) -> Hold:
+    """What failing open answers: a hold of the ask (at most the whole limit) as if nothing were used,
+    marked ``metered=False`` (nothing is held anywhere)."""
+    return Hold(_grant(limit, 0, 0, amount), BudgetState(0, limit, period.window(now)[1], metered=False))
+
+
+def _grant(limit: int, used: int, held: int, amount: int | None) -> int:
+    """What a reservation gets: the ask, at most what neither usage nor other holds take (the same
+    rule as the reserve branch of :data:`_SCRIPT`)."""
+    left = max(0, limit - used - held)
+    return left if amount is None else max(0, min(amount, left))
 
 
 class MemoryPeriodBudgets:
     """Budgets in this process's memory (lost at restart; not shared between workers)."""
 
-    def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self, clock: Callable[[], datetime] = utc_now, *, hold_ttl_s: float = DEFAULT_HOLD_TTL_S
+    ) -> None:
         self._clock = clock
+        self.hold_ttl_s = hold_ttl_s
         self._used: dict[tuple[str, str, str, str], int] = {}
         self._ends: dict[tuple[str, str, str, str], datetime] = {}
+        # counter key -> hold id -> (amount, expiry as a UTC timestamp)
+        self._holds: dict[tuple[str, str, str, str], dict[str, tuple[int, float]]] = {}
 
     def _key(self, scope: str, meter: str, period: Period, now: datetime) -> tuple[str, str, str, str]:
         return (scope, meter, period.value, period.window_id(now))
+
+    def _live_holds(self, key: tuple[str, str, str, str], now: datetime) -> dict[str, tuple[int, float]]:
+        holds = self._holds.get(key)
+        if holds is None:
+            return {}
+        ts = now.timestamp()
+        for hid in [h for h, (_, until) in holds.items() if until < ts]:
+            del holds[hid]
+        return holds
 
     async def check(
         self, scope: str, meter: str, period: Period, limit: int, now: datetime | None = None
     ) -> BudgetState:
         now = now or self._clock()
-        used = self._used.get(self._key(scope, meter, period, now), 0)
-        return BudgetState(used, limit, period.window(now)[1])
+        key = self._key(scope, meter, period, now)
+        held = sum(a for a, _ in self._live_holds(key, now).values())
+        return BudgetState(self._used.get(key, 0), limit, period.window(now)[1], held)
 
     async def charge(
         self, scope: str, meter: str, period: Period, amount: int, now: datetime | None = None
@@ -148,6 +269,34 @@ class MemoryPeriodBudgets:
         self._forget_old(now)
         return self._used[key]
 
+    async def reserve(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
+        now: datetime | None = None,
+    ) -> Hold:
+        now = now or self._clock()
+        key = self._key(scope, meter, period, now)
+        holds = self._live_holds(key, now)
+        holds.pop(hold, None)
+        used = self._used.get(key, 0)
+        held = sum(a for a, _ in holds.values())
+        granted = _grant(limit, used, held, amount)
+        if granted > 0:
+            self._holds.setdefault(key, holds)[hold] = (granted, now.timestamp() + self.hold_ttl_s)
+            self._ends[key] = period.window(now)[1]
+            self._forget_old(now)
+        return Hold(granted, BudgetState(used, limit, period.window(now)[1], held))
+
+    async def settle(
+        self, scope: str, meter: str, period: Period, hold: str, amount: int, now: datetime | None = None
+    ) -> int:
+        now = now or self._clock()
+        self._live_holds(self._key(scope, meter, period, now), now).pop(hold, None)
+        return await self.charge(scope, meter, period, amount, now=now)
+
+    async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
+        now = now or self._clock()
+        self._live_holds(self._key(scope, meter, period, now), now).pop(hold, None)
+
     def _forget_old(self, now: datetime) -> None:
         # Bounded memory: drop windows that ended more than the grace period ago.
         if len(self._ends) < 4096:
@@ -156,9 +305,47 @@ class MemoryPeriodBudgets:
             if end + EXPIRY_GRACE < now:
                 self._ends.pop(key, None)
                 self._used.pop(key, None)
+                self._holds.pop(key, None)
 
     async def close(self) -> None:
         return None
+
+
+# One script for every operation, so each is atomic across proxies (redis-py's register_script runs
+# it by SHA and reloads it after a SCRIPT FLUSH). KEYS: usage, holds (id -> amount), hold_until
+# (id -> expiry). ARGV: op, hold id, amount (-1: all that is left), limit, now, hold expiry, key expiry.
+# Returns {granted or new usage, usage before, live holds before}.
+_SCRIPT = """
+local used_key, holds_key, until_key = KEYS[1], KEYS[2], KEYS[3]
+local op, hold, amount, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local hold_until, expire_at = ARGV[6], ARGV[7]
+local expired = redis.call('ZRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5])
+for _, id in ipairs(expired) do redis.call('HDEL', holds_key, id) end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5]) end
+if op ~= 'check' then
+  redis.call('HDEL', holds_key, hold)
+  redis.call('ZREM', until_key, hold)
+end
+local used = tonumber(redis.call('GET', used_key) or '0')
+local held = 0
+for _, v in ipairs(redis.call('HVALS', holds_key)) do held = held + tonumber(v) end
+if op == 'settle' then
+  local total = redis.call('INCRBY', used_key, amount)
+  redis.call('EXPIREAT', used_key, expire_at)
+  return {total, used, held}
+end
+if op ~= 'reserve' then return {0, used, held} end
+local left = math.max(0, limit - used - held)
+local granted = left
+if amount >= 0 then granted = math.max(0, math.min(amount, left)) end
+if granted > 0 then
+  redis.call('HSET', holds_key, hold, granted)
+  redis.call('ZADD', until_key, hold_until, hold)
+  redis.call('EXPIREAT', holds_key, expire_at)
+  redis.call('EXPIREAT', until_key, expire_at)
+end
+return {granted, used, held}
+"""
 
 
 class RedisPeriodBudgets:
@@ -171,18 +358,30 @@ class RedisPeriodBudgets:
         prefix: str = "litellm_kv",
         fail_open: bool = True,
         timeout_s: float | None = None,
+        hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
+        deadline_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
         self.redis_url = redis_url
         self.prefix = prefix
         self.fail_open = fail_open
+        self.hold_ttl_s = hold_ttl_s
+        self.deadline_s = deadline_s
+        # Without a breaker of the caller's, one that never opens: every call waits for its own answer.
+        self.breaker = breaker or CircuitBreaker(failures=2**31, open_s=0.0)
         self._clock = clock
+        # Reservations that missed their deadline: Redis may still run them when it wakes up (the command
+        # was sent), so they are released once it answers again rather than left held until they expire.
+        self._unsure: list[tuple[str, str, Period, str, datetime]] = []
+        self._cleanup: set[asyncio.Task[None]] = set()
         if client is None:
             from litellm_kv.redis_client import RedisUse, connect
 
             client = connect(redis_url, RedisUse.BUDGETS, timeout_s=timeout_s)
         self._redis = client
+        self._script = client.register_script(_SCRIPT)
 
     def key(self, scope: str, meter: str, period: Period, now: datetime) -> str:
         """The Redis key of one counter (``{scope}`` is the Redis Cluster hash tag)."""
@@ -193,7 +392,54 @@ class RedisPeriodBudgets:
         STORE_ERRORS.labels(op, outcome).inc()
         log.warning("litellm-kv: budget store %s failed (%s): %s", op, outcome, exc)
         if not self.fail_open:
-            raise BudgetStoreError(f"period budget store unavailable: {exc}") from exc
+            raise BudgetStoreError(
+                f"period budget store unavailable ({exc}); litellm_kv.budgets.on_store_error is fail_closed"
+            ) from exc
+
+    async def _guarded(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One Redis call under the deadline and the circuit breaker (a refusal or a missed deadline is a
+        failure like any other, so callers handle all three alike)."""
+        if not self.breaker.allow():
+            raise BudgetStoreError(
+                f"circuit breaker open after {self.breaker.failures} consecutive failures; Redis is not asked "
+                f"for {self.breaker.open_s:g} s"
+            )
+        deadline = self.deadline_s
+        try:
+            async with asyncio.timeout(deadline):  # None: no deadline but the socket timeout
+                result = await call()
+        except TimeoutError:
+            self.breaker.failed()
+            raise BudgetStoreError(f"no answer within the deadline of {(deadline or 0) * 1000:g} ms") from None
+        except Exception:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        if self._unsure and not self._cleanup:
+            spawn_held(self._cleanup, self._release_unsure())
+        return result
+
+    async def _release_unsure(self) -> None:
+        while self._unsure:
+            scope, meter, period, hold, at = self._unsure.pop()
+            try:
+                await self._run("release", scope, meter, period, at, hold=hold)
+            except Exception:
+                return  # Redis is failing again; what is left expires by itself
+
+    async def _run(
+        self, op: str, scope: str, meter: str, period: Period, now: datetime, *, hold: str = "",
+        amount: int = 0, limit: int = 0,
+    ) -> tuple[int, int, int]:
+        key = self.key(scope, meter, period, now)
+        expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
+        ts = now.timestamp()
+        raw = await self._guarded(lambda: self._script(
+            keys=[key, key + ":holds", key + ":hold_until"],
+            args=[op, hold, amount, limit, repr(ts), repr(ts + self.hold_ttl_s), expire_at],
+        ))
+        first, used, held = (int(v) for v in raw)
+        return first, used, held
 
     async def check(
         self, scope: str, meter: str, period: Period, limit: int, now: datetime | None = None
@@ -201,11 +447,11 @@ class RedisPeriodBudgets:
         now = now or self._clock()
         reset_at = period.window(now)[1]
         try:
-            raw = await self._redis.get(self.key(scope, meter, period, now))
+            _, used, held = await self._run("check", scope, meter, period, now)
         except Exception as exc:  # connection, timeout and protocol errors alike
             self._failed("check", exc)
-            return BudgetState(0, limit, reset_at)
-        return BudgetState(int(raw or 0), limit, reset_at)
+            return unmetered(period, limit, None, now).state
+        return BudgetState(used, limit, reset_at, held)
 
     async def charge(
         self, scope: str, meter: str, period: Period, amount: int, now: datetime | None = None
@@ -213,23 +459,69 @@ class RedisPeriodBudgets:
         now = now or self._clock()
         key = self.key(scope, meter, period, now)
         expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
-        try:
+
+        async def incr() -> Any:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.incrby(key, amount)
                 pipe.expireat(key, expire_at)
-                total, _ = await pipe.execute()
+                return await pipe.execute()
+
+        try:
+            total, _ = await self._guarded(incr)
         except Exception as exc:
             self._failed("charge", exc)
             return 0
         return int(total)
 
+    async def reserve(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
+        now: datetime | None = None,
+    ) -> Hold:
+        now = now or self._clock()
+        reset_at = period.window(now)[1]
+        try:
+            granted, used, held = await self._run(
+                "reserve", scope, meter, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
+            )
+        except Exception as exc:
+            if len(self._unsure) < 1024:
+                self._unsure.append((scope, meter, period, hold, now))
+            self._failed("reserve", exc)
+            return unmetered(period, limit, amount, now)
+        return Hold(granted, BudgetState(used, limit, reset_at, held))
+
+    async def settle(
+        self, scope: str, meter: str, period: Period, hold: str, amount: int, now: datetime | None = None
+    ) -> int:
+        now = now or self._clock()
+        try:
+            total, _, _ = await self._run("settle", scope, meter, period, now, hold=hold, amount=amount)
+        except Exception as exc:
+            self._failed("settle", exc)
+            return 0
+        return total
+
+    async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
+        now = now or self._clock()
+        try:
+            await self._run("release", scope, meter, period, now, hold=hold)
+        except Exception as exc:
+            self._failed("release", exc)
+
     async def close(self) -> None:
+        for task in list(self._cleanup):
+            task.cancel()
         with contextlib.suppress(Exception):  # closing a broken connection is best effort
             await self._redis.aclose()
 
 
-def make_period_budgets(redis_url: str | None, *, fail_open: bool = True) -> PeriodBudgets:
-    """Redis-backed budgets when a URL is configured (shared mode), otherwise in-process ones."""
+def make_period_budgets(redis_url: str | None, options: BudgetSettings | None = None) -> PeriodBudgets:
+    """Redis-backed budgets when a URL is configured (shared mode), otherwise in-process ones, both as
+    ``options`` (``litellm_kv.budgets``) say."""
+    o = options or BudgetSettings()
     if redis_url:
-        return RedisPeriodBudgets(redis_url, fail_open=fail_open)
-    return MemoryPeriodBudgets()
+        return RedisPeriodBudgets(
+            redis_url, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
+            deadline_s=o.deadline_ms / 1000, breaker=CircuitBreaker(o.breaker_failures, o.breaker_open_s),
+        )
+    return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

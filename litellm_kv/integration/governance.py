@@ -4,17 +4,58 @@ failing closed, and the per-call decision kept by the proxy (never read from the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, MutableMapping
+from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import PolicyViolation
-from litellm_kv.governance.budgets import PeriodBudgets, make_period_budgets
+from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.tasks import spawn_held
 
 G = TypeVar("G")
+
+log = logging.getLogger("litellm_kv.governance")
+
+
+def _taken_at(charge: MutableMapping[str, Any]) -> datetime:
+    """When the charge's hold was taken: settling lands in that window, where the hold lives."""
+    try:
+        return datetime.fromisoformat(str(charge["at"]))
+    except (KeyError, ValueError):
+        return datetime.now(timezone.utc)
+
+
+async def settle_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[MutableMapping[str, Any]],
+                       tokens: int) -> None:
+    """After the call: each budget's hold (if one was taken) is replaced by the ``tokens`` really used."""
+    for ch in charges:
+        hold = ch.pop("hold", None)
+        try:
+            if hold:
+                await budgets.settle(ch["scope"], meter, Period(ch["period"]), str(hold), tokens, now=_taken_at(ch))
+            elif tokens:
+                await budgets.charge(ch["scope"], meter, Period(ch["period"]), tokens, now=_taken_at(ch))
+        except BudgetStoreError:
+            log.warning("litellm-kv: could not charge %s %s to %s", tokens, meter.replace("_", " "), ch["scope"])
+
+
+async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[MutableMapping[str, Any]]) -> None:
+    """The call will not run (or failed): give back every hold it took, charging nothing."""
+    for ch in charges:
+        hold = ch.pop("hold", None)
+        if not hold:
+            continue
+        try:
+            await budgets.release(ch["scope"], meter, Period(ch["period"]), str(hold), now=_taken_at(ch))
+        except BudgetStoreError:
+            log.warning("litellm-kv: could not release a hold of %s on %s (it expires by itself)",
+                        meter.replace("_", " "), ch["scope"])
 
 
 class GovernanceHandler(Handler, Generic[G]):
@@ -29,11 +70,17 @@ class GovernanceHandler(Handler, Generic[G]):
         super().__init__(settings)
         self._budgets = budgets
         self._groups: dict[str, G] = {}
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def settle_later(self, meter: str, charges: list[dict[str, Any]], tokens: int) -> None:
+        """Settle the call's holds off the response path: until it lands the hold still counts, so
+        waiting on the store (slow or down) here would only delay the caller, never protect the budget."""
+        spawn_held(self._settling, settle_holds(self.budgets, meter, charges, tokens))
 
     @property
     def budgets(self) -> PeriodBudgets:
         if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_url)
+            self._budgets = make_period_budgets(self.settings.redis_url, self.settings.budgets)
         return self._budgets
 
     async def shutdown(self) -> None:

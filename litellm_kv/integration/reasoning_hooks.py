@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,7 +25,7 @@ from typing import Any
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, unmetered
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
     DEFAULT_TEMPLATE_KWARG,
@@ -41,7 +42,7 @@ from litellm_kv.governance.reasoning import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
-from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity.meters import HFMeter
@@ -254,22 +255,38 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
     async def _check_periods(
         self, policy: ReasoningPolicy, decision: ReasoningDecision, req: ProxyRequest, gs: GroupReasoningSettings
     ) -> None:
+        """Reserve the request's thinking budget in every period budget before the call (settled after
+        it), so concurrent requests cannot all think on the same remainder."""
         now = datetime.now(timezone.utc)
         group = req.model_group
+        metered = True
         for pl in policy.periods:
-            decision.charges.append(
-                {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value, "source": pl.limit.source}
-            )
-            try:
-                state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
-            except BudgetStoreError as exc:
-                REJECTED.labels(group, "store_unavailable").inc()
-                raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
-                                      limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
+            charge: dict[str, Any] = {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
+                                      "source": pl.limit.source, "at": now.isoformat()}
+            decision.charges.append(charge)
             if not decision.thinking:
                 continue
+            hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
+            if not metered:
+                # The store failed open: asking it again for the other periods would only add waits.
+                held = unmetered(pl.period, pl.limit.value, decision.budget, now)
+            else:
+                try:
+                    held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, decision.budget,
+                                                      hold_id, now=now)
+                except BudgetStoreError as exc:
+                    await release_holds(self.budgets, METER, decision.charges)
+                    REJECTED.labels(group, "store_unavailable").inc()
+                    raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
+                                          limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
+                metered = held.metered
+            if held.metered and held.granted:
+                charge["hold"], charge["held"] = hold_id, held.granted
+            state = held.state
             if state.exhausted:
                 reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                # What earlier periods held was for thinking that will not happen now.
+                await release_holds(self.budgets, METER, decision.charges)
                 if gs.period_exhausted == "no_thinking":
                     DISABLED.labels(group, f"{pl.period.value}_budget_spent").inc()
                     decision.thinking, decision.budget = False, 0
@@ -278,24 +295,40 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
                     continue
                 REJECTED.labels(group, f"{pl.period.value}_budget_spent").inc()
                 retry = state.retry_after_seconds(now)
+                in_flight = f" ({state.held} more held by requests in flight)" if state.held else ""
                 raise PolicyViolation(
                     429,
                     f"Reasoning token budget spent: {pl.scope_label} has used {state.used} of {state.limit} "
-                    f"reasoning tokens this {pl.period.value} on model '{group}' (limit set in {pl.limit.source}). "
-                    f"It resets at {reset} (in {retry} s).",
+                    f"reasoning tokens this {pl.period.value}{in_flight} on model '{group}' (limit set in "
+                    f"{pl.limit.source}). It resets at {reset} (in {retry} s).",
                     limit_name=f"reasoning.tokens_per_{pl.period.value}", limit=state.limit, value=state.used,
                     source=pl.limit.source,
                     headers={"Retry-After": str(retry), "x-litellm-kv-reasoning-reset": reset},
                 )
-            if decision.budget is None or decision.budget > state.remaining:
+            if decision.budget is None or decision.budget > held.granted:
                 # Never let one request think past what is left of the period.
                 CLAMPS.labels(group, f"tokens_per_{pl.period.value}").inc()
                 decision.clamped_by = f"{pl.period.value} budget of {pl.scope_label} ({pl.limit.source})"
                 req.response_headers[HEADER_CLAMPED] = (
                     f"requested={decision.requested if decision.requested is not None else 'unlimited'}; "
-                    f"budget={state.remaining}; limit=tokens_per_{pl.period.value}; source={pl.limit.source}"
+                    f"budget={held.granted}; limit=tokens_per_{pl.period.value}; source={pl.limit.source}"
                 )
-                decision.budget = state.remaining
+                decision.budget = held.granted
+        if decision.thinking and decision.budget is not None:
+            await self._shrink_holds(decision, now)
+
+    async def _shrink_holds(self, decision: ReasoningDecision, now: datetime) -> None:
+        """A later period may have lowered the budget: earlier holds keep only what the request may use."""
+        assert decision.budget is not None
+        for ch in decision.charges:
+            if ch.get("hold") and int(ch.get("held") or 0) > decision.budget:
+                try:
+                    held = await self.budgets.reserve(ch["scope"], METER, Period(ch["period"]), int(ch["limit"]),
+                                                      decision.budget, str(ch["hold"]), now=now)
+                except BudgetStoreError:
+                    continue  # the larger hold stays until it is settled: it can only under-spend
+                if held.metered:
+                    ch["held"] = held.granted
 
     # -- after the call --------------------------------------------------------------------------
     def _count(self, group: str, text: str) -> tuple[int, str]:
@@ -320,12 +353,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             set_reasoning_tokens(usage, tokens, add_to_completion=not gs.completion_includes_reasoning)
         if tokens:
             TOKENS_CHARGED.labels(group, source).inc(tokens)
-            now = datetime.now(timezone.utc)
-            for ch in decision.charges:
-                try:
-                    await self.budgets.charge(ch["scope"], METER, Period(ch["period"]), tokens, now=now)
-                except BudgetStoreError:
-                    log.warning("litellm-kv: could not charge %s reasoning tokens to %s", tokens, ch["scope"])
+        self.settle_later(METER, decision.charges, tokens)
         breakdown = {
             "reasoning_tokens": tokens,
             "measured_by": source,
@@ -403,6 +431,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         )
         targets = litellm_data.logged_call_targets(kwargs)
         await self._settle(targets, decision, group, usage if usage is not None else {}, text)
+
+    async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
+        """The call failed: give its holds back (a retry that succeeds still charges what it used)."""
+        kept = self._reasoned(kwargs)
+        if kept is None:
+            return
+        self._streams.pop(litellm_data.call_id(kwargs) or "", None)
+        await release_holds(self.budgets, METER, kept.decision.charges)
 
     def _forget_stale_streams(self) -> None:
         # Streams abandoned by the client never send usage; bound the tally table.

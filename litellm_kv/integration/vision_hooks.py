@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets, unmetered
 from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.vision import ENGINE_RESIZABLE
@@ -50,10 +51,9 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler
+from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
-from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.vision")
 
@@ -98,7 +98,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings, budgets)
         self._streams_done: dict[str, float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
@@ -199,6 +198,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         max_pixels, downscaled_by, total = self._plan(
             req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
         )
+        await self._hold(req, policy, charges, total)
         if max_pixels is None and resizable and b.max_pixels is not None and any(c.how == "ceiling" for c in counted):
             # Unmeasured remote images were counted at the ceiling of the group's max_pixels: make the
             # engine honour that ceiling even if the deployment was started with a larger one.
@@ -306,14 +306,22 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         if policy.max_tokens is not None:
             caps.append(TokenCap.per_request(policy.max_tokens, req.caller.key_label))
         charges: list[dict[str, Any]] = []
+        metered = True
         for pl in policy.periods:
             charges.append({"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
-                            "source": pl.limit.source})
-            try:
-                state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
-            except BudgetStoreError as exc:
-                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
-                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
+                            "source": pl.limit.source, "at": now.isoformat()})
+            if not metered:
+                # The store failed open: asking it again for the other periods would only add waits.
+                state = unmetered(pl.period, pl.limit.value, None, now).state
+            else:
+                try:
+                    state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
+                except BudgetStoreError as exc:
+                    raise self._reject(req, 503, "vision.store", "Visual-token budgets cannot be checked right "
+                                       f"now: {exc}", None, None, "", {"Retry-After": "5"}) from None
+                metered = state.metered
+            if not state.metered:
+                charges[-1]["unmetered"] = True
             reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
             retry = state.retry_after_seconds(now)
             headers = {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset}
@@ -328,6 +336,40 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                  f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
                                  f"{pl.scope_label} (resets {reset})"))
         return caps, charges
+
+    async def _hold(
+        self, req: ProxyRequest, policy: VisionPolicy, charges: list[dict[str, Any]], total: int
+    ) -> None:
+        """Reserve the request's visual tokens in every period budget before the call (settled after it):
+        concurrent requests that each fit what was left cannot together spend more than is left."""
+        for pl, ch in zip(policy.periods, charges, strict=True):
+            if not total or ch.get("unmetered"):
+                return
+            hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
+            try:
+                held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, total, hold_id,
+                                                  now=datetime.fromisoformat(ch["at"]))
+            except BudgetStoreError as exc:
+                await release_holds(self.budgets, METER, charges)
+                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
+                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
+            if not held.metered:
+                return  # the store failed open: asking it again for the other periods would only add waits
+            if held.granted:
+                ch["hold"], ch["held"] = hold_id, held.granted
+            if held.granted < total:
+                await release_holds(self.budgets, METER, charges)
+                state, now = held.state, datetime.now(timezone.utc)
+                reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                retry = state.retry_after_seconds(now)
+                raise self._reject(
+                    req, 429, f"vision.tokens_per_{pl.period.value}",
+                    f"Request needs {total} visual tokens; {pl.scope_label} has {state.remaining} left of "
+                    f"{state.limit} visual tokens this {pl.period.value} ({state.used} used, {state.held} held by "
+                    f"requests in flight) on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"It resets at {reset} (in {retry} s).", state.limit, total, pl.limit.source,
+                    {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset},
+                )
 
     def _plan(
         self, req: ProxyRequest, gs: GroupVisionSettings, policy: VisionPolicy, counted: list[Counted],
@@ -417,15 +459,15 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             record_breakdown(target, "vision", breakdown)
         return tokens
 
-    async def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
-        if not tokens:
-            return
-        now = datetime.now(timezone.utc)
-        for ch in decision.get("charges") or []:
-            try:
-                await self.budgets.charge(ch["scope"], METER, Period(ch["period"]), tokens, now=now)
-            except BudgetStoreError:
-                log.warning("litellm-kv: could not charge %s visual tokens to %s", tokens, ch["scope"])
+    def _charge(self, decision: Mapping[str, Any], tokens: int) -> None:
+        # Every hold is settled, even at zero tokens: it must stop counting against the budget.
+        self.settle_later(METER, list(decision.get("charges") or []), tokens)
+
+    async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
+        """The call failed: give its holds back (a retry that succeeds still charges what it used)."""
+        decision = self._decision_of(kwargs)
+        if decision is not None:
+            await release_holds(self.budgets, METER, list(decision.get("charges") or []))
 
     def _first_settle(self, key: str) -> bool:
         """True the first time ``key`` (a call id) is settled: a stream may be seen by two hooks."""
@@ -441,7 +483,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         decision = self._decision_of(request_data)
         usage = litellm_data.usage_of(response)
         if decision is not None and usage is not None:
-            await self._charge(decision, self._apply([request_data], decision, usage))
+            self._charge(decision, self._apply([request_data], decision, usage))
 
     async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
         """Patch the usage chunk LiteLLM records for pricing (no hook sees it: LiteLLM strips it first)."""
@@ -466,8 +508,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             if not self._first_settle(call_id):
                 return
             tokens = self._apply(targets, decision, usage)
-            # Budgets are charged off the stream's path (the list append cannot await).
-            spawn_held(self._tasks, self._charge(decision, tokens))
+            self._charge(decision, tokens)  # off the stream's path (the list append cannot await)
 
         watch = _UsageWatch(chunks, on_usage)
         for holder in [stream, *_inner_wrappers(stream, chunks)]:
@@ -482,7 +523,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             return
         call_id = litellm_data.call_id(request_data) or str(id(request_data))
         if self._first_settle(call_id):
-            await self._charge(decision, self._apply([request_data], decision, usage))
+            self._charge(decision, self._apply([request_data], decision, usage))
 
 
 def _inner_wrappers(stream: Any, chunks: list[Any]) -> list[Any]:

@@ -1,15 +1,28 @@
-"""Period budgets: UTC windows, memory backend, and the Redis backend against a real redis-server."""
+"""Period budgets: UTC windows, memory backend, and the Redis backend against a real redis-server.
+
+The reservation contract (``PeriodBudgets.reserve`` / ``settle`` / ``release``) runs on every backend
+(fixture ``budgets`` is parametrised, as ``tests/index/test_index_contract.py`` does for the index):
+each test states one rule that keeps a period budget from being overspent.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from litellm_kv.governance.budgets import (
+    BudgetState,
     BudgetStoreError,
+    CircuitBreaker,
+    Hold,
     MemoryPeriodBudgets,
     Period,
     PeriodBudgets,
@@ -91,3 +104,162 @@ async def test_redis_down_fail_open_and_closed() -> None:
         await closed.check("key:a", "reasoning_tokens", Period.DAY, 10, now=T0)
     await open_.close()
     await closed.close()
+
+
+# -- the reservation contract, on every backend ------------------------------------------------------
+
+@asynccontextmanager
+async def _memory() -> AsyncIterator[PeriodBudgets]:
+    yield MemoryPeriodBudgets(hold_ttl_s=60)
+
+
+_contract_redis: list[RedisServer] = []  # one real redis-server for the contract, started on first use
+
+
+@asynccontextmanager
+async def _redis() -> AsyncIterator[PeriodBudgets]:
+    if not _contract_redis:
+        _contract_redis.append(RedisServer(name="redis-budgets-contract"))
+    srv = _contract_redis[0]
+    srv.client().flushall()
+    store = RedisPeriodBudgets(srv.url, prefix="c", hold_ttl_s=60)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_contract_redis() -> Iterator[None]:
+    yield
+    while _contract_redis:
+        _contract_redis.pop().stop()
+
+
+@pytest.fixture(params=[pytest.param(_memory, id="memory"),
+                        pytest.param(_redis, id="redis", marks=pytest.mark.redis)])
+async def budgets(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
+    factory: Callable[[], AbstractAsyncContextManager[PeriodBudgets]] = request.param
+    async with factory() as store:
+        yield store
+
+
+M = "reasoning_tokens"
+
+
+async def test_reserve_grants_at_most_what_is_left(budgets: PeriodBudgets) -> None:
+    await budgets.charge("key:a", M, Period.DAY, 70, now=TF)
+    h = await budgets.reserve("key:a", M, Period.DAY, 100, 50, "h1", now=TF)
+    assert h == Hold(30, BudgetState(70, 100, Period.DAY.window(TF)[1], 0))
+    assert h.metered
+    # The hold counts against the budget until it is settled.
+    st = await budgets.check("key:a", M, Period.DAY, 100, now=TF)
+    assert (st.used, st.held, st.remaining, st.exhausted) == (70, 30, 0, True)
+
+
+async def test_unlimited_ask_holds_all_that_is_left(budgets: PeriodBudgets) -> None:
+    await budgets.charge("key:a", M, Period.DAY, 40, now=TF)
+    assert (await budgets.reserve("key:a", M, Period.DAY, 100, None, "h1", now=TF)).granted == 60
+
+
+async def test_concurrent_holds_never_exceed_the_limit(budgets: PeriodBudgets) -> None:
+    """The limit `tokens_per_day`: twenty requests racing for 50 tokens are granted 50 in all."""
+    await budgets.charge("key:a", M, Period.DAY, 950, now=TF)
+    holds = await asyncio.gather(*[budgets.reserve("key:a", M, Period.DAY, 1000, 40, f"h{i}", now=TF)
+                                   for i in range(20)])
+    assert sum(h.granted for h in holds) == 50
+    assert (await budgets.check("key:a", M, Period.DAY, 1000, now=TF)).remaining == 0
+
+
+async def test_settle_replaces_the_hold_with_what_was_used(budgets: PeriodBudgets) -> None:
+    await budgets.reserve("key:a", M, Period.DAY, 100, 60, "h1", now=TF)
+    assert await budgets.settle("key:a", M, Period.DAY, "h1", 25, now=TF) == 25
+    st = await budgets.check("key:a", M, Period.DAY, 100, now=TF)
+    assert (st.used, st.held, st.remaining) == (25, 0, 75)
+    # An unknown (or expired) hold still charges what was used.
+    assert await budgets.settle("key:a", M, Period.DAY, "gone", 5, now=TF) == 30
+
+
+async def test_release_gives_the_hold_back(budgets: PeriodBudgets) -> None:
+    await budgets.reserve("key:a", M, Period.DAY, 100, 60, "h1", now=TF)
+    await budgets.release("key:a", M, Period.DAY, "h1", now=TF)
+    st = await budgets.check("key:a", M, Period.DAY, 100, now=TF)
+    assert (st.used, st.held) == (0, 0)
+    await budgets.release("key:a", M, Period.DAY, "never-taken", now=TF)  # harmless
+
+
+async def test_reserving_again_replaces_the_hold(budgets: PeriodBudgets) -> None:
+    await budgets.reserve("key:a", M, Period.DAY, 100, 60, "h1", now=TF)
+    assert (await budgets.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF)).granted == 10
+    assert (await budgets.check("key:a", M, Period.DAY, 100, now=TF)).held == 10
+
+
+async def test_nothing_is_held_when_nothing_is_left(budgets: PeriodBudgets) -> None:
+    await budgets.charge("key:a", M, Period.DAY, 100, now=TF)
+    h = await budgets.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF)
+    assert h.granted == 0 and h.state.exhausted
+    assert (await budgets.check("key:a", M, Period.DAY, 100, now=TF)).held == 0
+
+
+async def test_holds_expire_so_a_dead_proxy_gives_them_back(budgets: PeriodBudgets) -> None:
+    await budgets.reserve("key:a", M, Period.DAY, 100, 80, "h1", now=TF - timedelta(seconds=120))
+    later = TF
+    st = await budgets.check("key:a", M, Period.DAY, 100, now=later)
+    assert (st.held, st.remaining) == (0, 100)
+    assert (await budgets.reserve("key:a", M, Period.DAY, 100, 90, "h2", now=later)).granted == 90
+
+
+async def test_holds_are_per_scope_meter_and_window(budgets: PeriodBudgets) -> None:
+    await budgets.reserve("key:a", M, Period.DAY, 100, 100, "h1", now=TF)
+    assert (await budgets.check("team:t", M, Period.DAY, 100, now=TF)).held == 0
+    assert (await budgets.check("key:a", "visual_tokens", Period.DAY, 100, now=TF)).held == 0
+    assert (await budgets.check("key:a", M, Period.DAY, 100, now=TF + timedelta(seconds=31))).held == 0
+
+
+# -- bounded waits: a paused (SIGSTOP) redis-server --------------------------------------------------
+
+async def _timed(call: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    with contextlib.suppress(BudgetStoreError):
+        await call()
+    return time.perf_counter() - t
+
+
+@pytest.mark.redis
+async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is_open() -> None:
+    """Bounded waits of the period budgets: each call gives up at its deadline, and after
+    ``breaker_failures`` of them calls fail at once until the breaker lets a probe through."""
+    srv = RedisServer(name="redis-budgets-paused")
+    breaker = CircuitBreaker(failures=2, open_s=0.5)
+    closed = RedisPeriodBudgets(srv.url, fail_open=False, deadline_s=0.05, breaker=breaker, prefix="p")
+    open_ = RedisPeriodBudgets(srv.url, fail_open=True, deadline_s=0.05,
+                               breaker=CircuitBreaker(failures=2, open_s=0.5), prefix="p")
+    try:
+        assert (await closed.reserve("key:a", M, Period.DAY, 100, 10, "h0", now=TF)).granted == 10
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+        try:
+            waits = [await _timed(lambda: closed.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF))
+                     for _ in range(4)]
+            with pytest.raises(BudgetStoreError, match="fail_closed"):
+                await closed.check("key:a", M, Period.DAY, 100, now=TF)
+            # Failing open: the request goes on unmetered, as fast.
+            held = await open_.reserve("key:a", M, Period.DAY, 100, 10, "h2", now=TF)
+            assert (held.granted, held.metered) == (10, False)
+        finally:
+            srv.proc.signal(signal.SIGCONT)
+        assert all(w < 0.25 for w in waits[:2]), waits  # the deadline, not the 0.5 s socket timeout
+        assert all(w < 0.02 for w in waits[2:]), waits  # breaker open: Redis is not waited on
+        await asyncio.sleep(0.6)  # the breakers let one probe through, which closes them
+        for store in (closed, open_):
+            await store.check("key:a", M, Period.DAY, 100, now=TF)
+        # Reservations sent while Redis was paused may run when it resumes: they are released again.
+        for _ in range(40):
+            if (await closed.check("key:a", M, Period.DAY, 100, now=TF)).held == 10:
+                break
+            await asyncio.sleep(0.05)
+        assert (await closed.check("key:a", M, Period.DAY, 100, now=TF)).held == 10
+    finally:
+        await closed.close()
+        await open_.close()
+        srv.stop()

@@ -1,0 +1,246 @@
+"""Period budgets held against a hostile client, through a real ``litellm`` proxy process and a real
+redis-server.
+
+Keys with metadata are presented through ``general_settings.custom_auth`` (the database path cannot
+run here). The upstream is the local fake (``tests/support/fake_upstream.py``): it stands in for a
+reasoning model (no reasoning model can be driven twenty times in parallel on this machine), honours
+``thinking_token_budget`` and answers slowly enough for concurrent requests to overlap. The fault tests
+pause the real redis-server with SIGSTOP (connections stay open, nothing answers) and resume it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import pytest
+from litellm.proxy._types import UserAPIKeyAuth
+
+from litellm_kv.governance.budgets import Period
+from tests.support.fake_upstream import start_fake_upstream
+from tools.harness.proxy import Proxy, start_proxy
+from tools.harness.redis_server import RedisServer
+
+pytestmark = [pytest.mark.proxy, pytest.mark.redis]
+
+REASONING_WORDS = 40
+DAY_LIMIT = 1000
+
+
+def _reasoning_key(alias: str, reasoning: dict[str, Any]) -> dict[str, Any]:
+    return {"key_alias": alias, "metadata": {"litellm_kv": {"reasoning": reasoning}}}
+
+
+KEYS: dict[str, dict[str, Any]] = {
+    "sk-burst": _reasoning_key("burst", {"tokens_per_day": DAY_LIMIT}),
+    "sk-flaky": _reasoning_key("flaky", {"tokens_per_day": DAY_LIMIT}),
+    "sk-steady": _reasoning_key("steady", {"tokens_per_day": 10**9}),
+}
+#: The budget store's settings in the fault tests: a 100 ms deadline and a breaker that opens after
+#: three failures for one second.
+BUDGETS = {"deadline_ms": 100, "breaker_failures": 3, "breaker_open_s": 1.0}
+#: What a paused Redis may add to one request: one deadline (the reserve before the call; settling
+#: happens off the response path) and room for a loaded two-core test machine.
+ADDED_LATENCY_BOUND_S = 0.4
+#: The concurrency tests measure holds, not deadlines: twenty requests arriving at once keep one
+#: proxy's event loop busy longer than a tens-of-milliseconds deadline (docs/reasoning.md).
+GENEROUS = {"deadline_ms": 5000}
+
+
+def _usage_key(api_key: str) -> str:
+    """The Redis counter of a test key's reasoning budget today (the key's token as LiteLLM hashes it)."""
+    token = UserAPIKeyAuth(api_key=api_key, token=f"hashed-{api_key}").token  # what custom_auth presents
+    day = Period.DAY.window_id(datetime.now(timezone.utc))
+    return f"litellm_kv:budget:{{key:{token}}}:reasoning_tokens:day:{day}"
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    srv = RedisServer(name="redis-adversarial-budgets")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[dict[str, str]]:
+    slow, slow_url = start_fake_upstream(
+        "slow-reasoner", "--reasoning-words", str(REASONING_WORDS), "--report-reasoning-tokens",
+        "--count-reasoning-in-completion", "--delay-ms", "300",
+    )
+    fast, fast_url = start_fake_upstream(
+        "fast-reasoner", "--reasoning-words", str(REASONING_WORDS), "--report-reasoning-tokens",
+        "--count-reasoning-in-completion",
+    )
+    try:
+        yield {"slow": slow_url, "fast": fast_url}
+    finally:
+        slow.stop()
+        fast.stop()
+
+
+def _proxy(redis_server: RedisServer, upstreams: dict[str, str], name: str, budgets: dict[str, Any]) -> Proxy:
+    config = {
+        "model_list": [
+            {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/fake-model",
+                                                      "api_base": upstreams["slow"] + "/v1"}},
+            {"model_name": "qwen-fast", "litellm_params": {"model": "hosted_vllm/fake-model",
+                                                           "api_base": upstreams["fast"] + "/v1"}},
+        ],
+        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
+        "litellm_kv": {
+            "redis_url": redis_server.url,
+            "budgets": budgets,
+            "model_groups": {"qwen": {"reasoning": {"style": "vllm"}}, "qwen-fast": {"reasoning": {"style": "vllm"}}},
+        },
+    }
+    return start_proxy(config, name=f"litellm-budgets-{name}", keys=KEYS,
+                       env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: RedisServer, upstreams: dict[str, str]) -> Iterator[dict[str, Any]]:
+    proxy = _proxy(redis_server, upstreams, "holds", GENEROUS)
+    try:
+        yield {"proxy": proxy, "upstream": upstreams["slow"], "redis": redis_server}
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def open_proxy(redis_server: RedisServer, upstreams: dict[str, str]) -> Iterator[Proxy]:
+    proxy = _proxy(redis_server, upstreams, "fail-open", {**BUDGETS, "on_store_error": "fail_open"})
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def closed_proxy(redis_server: RedisServer, upstreams: dict[str, str]) -> Iterator[Proxy]:
+    proxy = _proxy(redis_server, upstreams, "fail-closed", {**BUDGETS, "on_store_error": "fail_closed"})
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _settled(r: Any, key: str) -> None:
+    """Holds are settled off the response path: wait until none is left."""
+    for _ in range(40):
+        if r.hlen(key + ":holds") == 0:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"holds of {key} were never settled: {r.hgetall(key + ':holds')}")
+
+
+async def _parallel_chats(proxy: Proxy, key: str, n: int) -> list[httpx.Response]:
+    payload = {"model": "qwen", "messages": [{"role": "user", "content": "think hard"}]}
+    async with httpx.AsyncClient(timeout=120) as client:
+        return list(await asyncio.gather(*[
+            client.post(proxy.url + "/v1/chat/completions", json=payload, headers=proxy.headers(key))
+            for _ in range(n)
+        ]))
+
+
+def test_tokens_per_day_is_not_overspent_by_concurrent_requests(stack: dict[str, Any]) -> None:
+    """The limit `reasoning.tokens_per_day`: twenty parallel requests on a budget with 50 tokens left.
+
+    Each one is granted only what neither usage nor the others' holds take, so together they think at
+    most 50 tokens (the fake, like vLLM, stops thinking at ``thinking_token_budget``: the documented
+    overshoot is what requests use beyond their hold, here none)."""
+    r = stack["redis"].client()
+    key = _usage_key("sk-burst")
+    r.set(key, DAY_LIMIT - 50, ex=3 * 86400)
+    responses = asyncio.run(_parallel_chats(stack["proxy"], "sk-burst", 20))
+    assert {resp.status_code for resp in responses} <= {200, 429}, [resp.text for resp in responses]
+    assert any(resp.status_code == 200 for resp in responses)
+    _settled(r, key)
+    used = int(r.get(key) or 0)
+    assert used <= DAY_LIMIT, f"{used - DAY_LIMIT} tokens over the tokens_per_day limit"
+    assert used > DAY_LIMIT - 50  # what was left was used, not lost to holds
+    for resp in responses:
+        if resp.status_code == 429:
+            assert "reasoning.tokens_per_day" in resp.text or "Reasoning token budget spent" in resp.text
+
+
+def test_tokens_per_day_hold_is_released_when_the_call_fails(stack: dict[str, Any]) -> None:
+    """The limit `reasoning.tokens_per_day`: a failed call gives its hold back, so the budget it held
+    is not lost to the key."""
+    r = stack["redis"].client()
+    key = _usage_key("sk-flaky")
+    httpx.post(stack["upstream"] + "/_fail", json={"status": 500}, timeout=5)
+    try:
+        failed = httpx.post(stack["proxy"].url + "/v1/chat/completions", timeout=60,
+                            headers=stack["proxy"].headers("sk-flaky"),
+                            json={"model": "qwen", "messages": [{"role": "user", "content": "x"}]})
+    finally:
+        httpx.post(stack["upstream"] + "/_fail", json={"status": 0}, timeout=5)
+    assert failed.status_code >= 500
+    _settled(r, key)  # the failure is logged (and the hold released) after the response
+    assert int(r.get(key) or 0) == 0
+
+
+def _timed_chat(proxy: Proxy, key: str = "sk-steady") -> tuple[float, httpx.Response]:
+    t = time.perf_counter()
+    r = httpx.post(proxy.url + "/v1/chat/completions", headers=proxy.headers(key), timeout=60,
+                   json={"model": "qwen-fast", "messages": [{"role": "user", "content": "quick"}]})
+    return time.perf_counter() - t, r
+
+
+def _baseline(proxy: Proxy) -> float:
+    return statistics.median(_timed_chat(proxy)[0] for _ in range(5))
+
+
+def _paused(redis_server: RedisServer, proxy: Proxy, n: int) -> list[tuple[float, httpx.Response]]:
+    assert redis_server.proc is not None
+    redis_server.proc.signal(signal.SIGSTOP)
+    try:
+        return [_timed_chat(proxy) for _ in range(n)]
+    finally:
+        redis_server.proc.signal(signal.SIGCONT)
+
+
+def test_paused_redis_adds_at_most_the_deadline_and_fails_open(open_proxy: Proxy, redis_server: RedisServer) -> None:
+    """Bounded waits of `reasoning.tokens_per_day` (`budgets.deadline_ms`, `on_store_error: fail_open`):
+    with Redis paused every request is served, unmetered, each slower by at most the deadline, and
+    metering resumes once Redis answers again."""
+    proxy, srv = open_proxy, redis_server
+    base = _baseline(proxy)
+    paused = _paused(srv, proxy, 8)
+    assert [r.status_code for _, r in paused] == [200] * 8, [r.text for _, r in paused]
+    added = [t - base for t, _ in paused]
+    print(f"baseline {base * 1000:.0f} ms; added while paused (ms): {[round(a * 1000) for a in added]}")
+    assert max(added) < ADDED_LATENCY_BOUND_S, added
+    key, r = _usage_key("sk-steady"), srv.client()
+    before, resumed = int(r.get(key) or 0), time.monotonic()
+    while time.monotonic() - resumed < 15 and int(r.get(key) or 0) == before:
+        _timed_chat(proxy)
+        time.sleep(0.1)
+    print(f"metered again {time.monotonic() - resumed:.2f} s after resume")
+    assert int(r.get(key) or 0) > before
+
+
+def test_paused_redis_fails_closed_with_503_naming_the_store(
+    closed_proxy: Proxy, redis_server: RedisServer
+) -> None:
+    """Bounded waits of `reasoning.tokens_per_day` with `budgets.on_store_error: fail_closed`: a
+    request the budget applies to is refused with 503 (limit `reasoning.store`, Retry-After) within
+    the deadline, not served unmetered; once Redis answers again requests are served."""
+    base = _baseline(closed_proxy)
+    paused = _paused(redis_server, closed_proxy, 5)
+    for t, r in paused:
+        assert r.status_code == 503, r.text
+        assert r.headers.get("retry-after") == "5"
+        msg = r.json()["error"]["message"]
+        assert "Reasoning budgets cannot be checked" in msg and "on_store_error is fail_closed" in msg
+        assert t - base < ADDED_LATENCY_BOUND_S, [round(x - base, 3) for x, _ in paused]
+    resumed = time.monotonic()
+    while time.monotonic() - resumed < 15 and _timed_chat(closed_proxy)[1].status_code != 200:
+        time.sleep(0.1)
+    assert _timed_chat(closed_proxy)[1].status_code == 200
