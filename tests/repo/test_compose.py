@@ -44,6 +44,8 @@ LITELLM_CONFIG = ROOT / "config" / "litellm.yaml"
 INDEXER_CONFIG = ROOT / "config" / "indexer.yaml"
 PROFILES = ("cpu", "gpu", "observability")
 CONTRACT_FLAGS = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
+# Secrets the compose file has no default for: `docker-compose config` refuses without them.
+REQUIRED_SECRETS = {"LITELLM_KV_SALT_SECRET": "compose-test-salt-secret"}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,23 @@ def test_docker_compose_config_passes(profiles: tuple[str, ...]) -> None:
     for p in profiles:
         argv += ["--profile", p]
     r = subprocess.run([*argv, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "COMPOSE_PROJECT_NAME": "litellm-kv-ci"})
+                       env={**os.environ, "COMPOSE_PROJECT_NAME": "litellm-kv-ci", **REQUIRED_SECRETS})
     assert r.returncode == 0, f"{shlex.join(argv)} config: {r.stderr}"
+
+
+@pytest.mark.parametrize("secret", sorted(REQUIRED_SECRETS))
+def test_compose_ships_no_default_secret_for(secret: str, compose: dict[str, Any]) -> None:
+    """Limit protected: tenant isolation needs secrets nobody else knows. Without the variable
+    `docker-compose config` fails, and its error names the variable."""
+    values = [v for s in compose["services"].values() for k, v in (s.get("environment") or {}).items()
+              if k == secret]
+    assert values and all(str(v).startswith(f"${{{secret}:?") for v in values), values
+    env = {k: v for k, v in os.environ.items() if k not in REQUIRED_SECRETS}
+    env.update({k: v for k, v in REQUIRED_SECRETS.items() if k != secret})
+    r = subprocess.run([_compose_bin(), "-f", str(COMPOSE), "--profile", "cpu", "config", "-q"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**env, "COMPOSE_PROJECT_NAME": "litellm-kv-ci"})
+    assert r.returncode != 0 and secret in r.stderr, r.stderr
 
 
 # -- structure ------------------------------------------------------------------------------------
