@@ -123,6 +123,9 @@ ENV_DOCS: dict[str, str] = {
     "of the variable is itself configurable (`litellm_kv.salt_secret_env`). Required while a group has "
     "isolation on: unset, empty or a shipped placeholder stops the proxy from starting. Keep it stable: "
     "changing it changes every salt and so empties every tenant's reusable cache.",
+    "LITELLM_KV_INDEXER_TOKEN": "Bearer token of the indexer's HTTP API (`indexer.api_token_env` names the "
+    "variable). Required when the indexer binds an address other than loopback; `docker-compose.yml` has no "
+    "default for it.",
     "CONFIG_FILE_PATH": "LiteLLM's own variable for its config file; read when the proxy module does not "
     "expose the path it was started with.",
     "TIKTOKEN_CACHE_DIR": "Where tiktoken finds its encodings. When unset, the affinity token meter points it "

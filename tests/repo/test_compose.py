@@ -45,7 +45,8 @@ INDEXER_CONFIG = ROOT / "config" / "indexer.yaml"
 PROFILES = ("cpu", "gpu", "observability")
 CONTRACT_FLAGS = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
 # Secrets the compose file has no default for: `docker-compose config` refuses without them.
-REQUIRED_SECRETS = {"LITELLM_KV_SALT_SECRET": "compose-test-salt-secret"}
+REQUIRED_SECRETS = {"LITELLM_KV_SALT_SECRET": "compose-test-salt-secret",
+                    "LITELLM_KV_INDEXER_TOKEN": "compose-test-indexer-token"}
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +302,24 @@ def test_gpu_engines_carry_the_same_contract(compose: dict[str, Any]) -> None:
         assert _flag(argv, "--prefix-caching-hash-algo") == _flag(cpu, "--prefix-caching-hash-algo")
         devices = s["deploy"]["resources"]["reservations"]["devices"]
         assert devices and "gpu" in devices[0]["capabilities"]
+
+
+def test_indexer_api_is_loopback_by_default_and_token_guarded_in_the_stack(compose: dict[str, Any]) -> None:
+    """Limit protected: the indexer's HTTP API (every tenant's prompt placement). The config binds
+    loopback; the compose file widens it explicitly, and only together with the required token,
+    which Prometheus is given for the scrape."""
+    assert load_indexer_config(INDEXER_CONFIG).host == "127.0.0.1"
+    indexers = {n: s for n, s in compose["services"].items() if n.startswith("indexer")}
+    for name, s in indexers.items():
+        assert s["command"][s["command"].index("--host") + 1] == "0.0.0.0", name
+        token_var = load_indexer_config(INDEXER_CONFIG).api_token_env
+        assert str(s["environment"][token_var]).startswith(f"${{{token_var}:?"), name
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"]
+               if any(t.startswith("indexer") for sc in j["static_configs"] for t in sc["targets"]))
+    assert job["authorization"]["type"] == "Bearer"
+    token_file = job["authorization"]["credentials_file"]
+    assert token_file in " ".join(compose["services"]["prometheus"]["command"])
 
 
 def test_prometheus_scrapes_proxy_indexers_and_engines(compose: dict[str, Any]) -> None:
