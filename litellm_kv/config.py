@@ -238,7 +238,9 @@ class Settings:
         "Key of the litellm-kv object inside virtual-key and team metadata.", default="litellm_kv"
     )
     salt_secret_env: str = doc(
-        "Environment variable holding the secret used to derive per-tenant cache_salt values.",
+        "Environment variable holding the secret used to derive per-tenant cache_salt values. Required "
+        "when any group sets kv.tenant_isolation: the proxy refuses to start when it is unset, empty or a "
+        "placeholder this project has shipped.",
         default="LITELLM_KV_SALT_SECRET",
     )
     redis_routing: RedisRoutingSettings = doc(
@@ -263,6 +265,42 @@ class Settings:
         return self.model_groups.get(name)
 
 
+# Placeholders this project has shipped (the compose file's old default): a deployment that kept one
+# has a secret every reader of the repository knows.
+_PUBLISHED_SALT_SECRETS = frozenset({"litellm-kv-salt-local-only"})
+
+
+def tenant_isolated_groups(settings: Settings) -> list[str]:
+    """KV-routed groups whose ``kv.tenant_isolation`` is on (read raw: the kv section is parsed later)."""
+    return sorted(
+        name for name, g in settings.model_groups.items()
+        if g.routing == "kv" and isinstance(g.kv, dict) and g.kv.get("tenant_isolation", "none") != "none"
+    )
+
+
+def salt_secret(settings: Settings) -> bytes:
+    """The secret of the per-tenant ``cache_salt`` HMAC, from the variable ``salt_secret_env`` names.
+
+    Unset, empty or a shipped placeholder is a :class:`ConfigError` naming the variable: with a secret
+    anyone can guess, tenant isolation would only look on.
+    """
+    name = settings.salt_secret_env
+    raw = os.environ.get(name, "")
+    value = raw.strip()
+    groups = ", ".join(tenant_isolated_groups(settings)) or "(none)"
+    why = None
+    if not value:
+        why = "is unset or empty"
+    elif value in _PUBLISHED_SALT_SECRETS:
+        why = "holds a default shipped with litellm-kv"
+    if why is not None:
+        raise ConfigError(
+            f"{name} (litellm_kv.salt_secret_env) {why}, but kv.tenant_isolation is on for group(s) {groups}: "
+            f"set it to a long random string (for example `openssl rand -hex 32`), the same on every proxy"
+        )
+    return raw.encode()  # as set: stripping would change every tenant's salt for existing deployments
+
+
 def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     """Load settings from ``path`` (a LiteLLM config with a ``litellm_kv`` key, or a bare section)."""
     if path is None:
@@ -281,4 +319,6 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     settings = parse_section(Settings, raw, "litellm_kv")
     if settings.redis_url is None:
         settings.redis_url = os.environ.get("LITELLM_KV_REDIS_URL")
+    if tenant_isolated_groups(settings):
+        salt_secret(settings)  # refuse to start without a real secret, rather than isolate with a guessable one
     return settings

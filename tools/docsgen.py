@@ -122,8 +122,12 @@ ENV_DOCS: dict[str, str] = {
     "`litellm_kv:` key, or the bare section). Default: the config file the proxy was started with.",
     "LITELLM_KV_REDIS_URL": "Redis URL used when `litellm_kv.redis_url` is not set.",
     "LITELLM_KV_SALT_SECRET": "Secret for the per-tenant `cache_salt` HMAC (`kv.tenant_isolation`). The name "
-    "of the variable is itself configurable (`litellm_kv.salt_secret_env`). Keep it stable: changing it "
-    "changes every salt and so empties every tenant's reusable cache.",
+    "of the variable is itself configurable (`litellm_kv.salt_secret_env`). Required while a group has "
+    "isolation on: unset, empty or a shipped placeholder stops the proxy from starting. Keep it stable: "
+    "changing it changes every salt and so empties every tenant's reusable cache.",
+    "LITELLM_KV_INDEXER_TOKEN": "Bearer token of the indexer's HTTP API (`indexer.api_token_env` names the "
+    "variable). Required when the indexer binds an address other than loopback; `docker-compose.yml` has no "
+    "default for it.",
     "CONFIG_FILE_PATH": "LiteLLM's own variable for its config file; read when the proxy module does not "
     "expose the path it was started with.",
     "TIKTOKEN_CACHE_DIR": "Where tiktoken finds its encodings. When unset, the affinity token meter points it "

@@ -5,6 +5,10 @@ returns it as a one-element list, so LiteLLM's retries, fallbacks and cooldowns 
 a retry calls ``filter_deployments`` again with the failed deployment listed in
 ``metadata.previous_models``, and the pin moves. ``pre_deployment`` and the end-of-attempt hooks
 count in-flight attempts for the load cap; ``post_failure_deployment`` marks a deployment failed.
+
+Tenants stay apart: the pins a request may follow are those of its verified caller's team (else key),
+read from the ``user_api_key_*`` fields LiteLLM writes after stripping the client's own, unless the group
+sets ``share_pins_across_tenants``. The ``x-litellm-kv-affinity`` header goes to admins only by default.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from typing import Any
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.integration.hooks import Handler
-from litellm_kv.integration.litellm_data import deployment_id, previous_deployment_ids
+from litellm_kv.integration.litellm_data import (
+    caller_from_request_metadata,
+    caller_role,
+    deployment_id,
+    previous_deployment_ids,
+    request_metadata,
+)
 from litellm_kv.observability import counter
 from litellm_kv.redis_client import RedisGuard, RedisUse
 from litellm_kv.routing.affinity import (
@@ -54,6 +64,23 @@ REPINS = counter(
 
 HEADER = "x-litellm-kv-affinity"
 _DECISIONS_KEPT = 10_000
+# LiteLLM roles that already see every tenant's traffic (spend logs, keys), so the header tells them nothing new.
+_ADMIN_ROLES = frozenset({"proxy_admin", "proxy_admin_viewer"})
+
+
+def tenant_of(request_kwargs: Mapping[str, Any]) -> str:
+    """The tenant whose pins a request may follow: the verified key's team, else the key.
+
+    LiteLLM drops every ``user_api_key_*`` field a client puts in its metadata and then writes the
+    authenticated caller's, so these cannot be forged. No identity at all (a proxy without auth) is one
+    tenant of its own.
+    """
+    caller = caller_from_request_metadata(request_metadata(request_kwargs))
+    if caller.team_id:
+        return f"team:{caller.team_id}"
+    if caller.key_hash:
+        return f"key:{caller.key_hash}"
+    return "anonymous"
 
 
 def _deployment_failure(exc: BaseException) -> bool:
@@ -86,7 +113,8 @@ class AffinityHandler(Handler):
         self._stores: dict[str, PinStore] = {}
         self._routers: dict[str, AffinityRouter | None] = {}
         self.load = InFlightCounter(clock) if clock is not None else InFlightCounter()
-        self._decisions: OrderedDict[str, PinDecision] = OrderedDict()
+        # call id -> (group, tenant, decision): kept by the proxy, never in client-writable metadata.
+        self._decisions: OrderedDict[str, tuple[str, str, PinDecision]] = OrderedDict()
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         return group is not None and group.routing == "affinity"
@@ -137,10 +165,10 @@ class AffinityHandler(Handler):
         for store in self._stores.values():
             await store.close()
 
-    def _remember(self, call_id: str | None, decision: PinDecision) -> None:
+    def _remember(self, call_id: str | None, group: str, tenant: str, decision: PinDecision) -> None:
         if not call_id:
             return
-        self._decisions[call_id] = decision
+        self._decisions[call_id] = (group, tenant, decision)
         self._decisions.move_to_end(call_id)
         while len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
@@ -166,6 +194,7 @@ class AffinityHandler(Handler):
             if info.get("id") is None:
                 continue
             candidates.append((str(info["id"]), provider_of(params), str(params.get("model") or ""), info))
+        tenant = tenant_of(request_kwargs)
         try:
             decision = await router.choose(
                 msgs,
@@ -174,14 +203,16 @@ class AffinityHandler(Handler):
                 failed_in_request=_failed_ids(request_kwargs),
                 namespace_extra=str(request_kwargs.get("prompt_cache_key") or ""),
                 retention=request_kwargs.get("prompt_cache_retention"),
+                tenant=tenant,
             )
         except Exception:
             MISSES.labels(model_group, "store_error").inc()
             log.warning("litellm-kv: affinity store failed for %s; LiteLLM routes alone", model_group, exc_info=True)
-            self._remember(request_kwargs.get("litellm_call_id"), PinDecision(None, "store_error"))
+            failed = PinDecision(None, "store_error")
+            self._remember(request_kwargs.get("litellm_call_id"), model_group, tenant, failed)
             return None
         self._count(model_group, decision)
-        self._remember(request_kwargs.get("litellm_call_id"), decision)
+        self._remember(request_kwargs.get("litellm_call_id"), model_group, tenant, decision)
         if decision.deployment is None:
             return None
         chosen = [d for d in deployments if str((d.get("model_info") or {}).get("id")) == decision.deployment]
@@ -223,7 +254,14 @@ class AffinityHandler(Handler):
         self.load.finish(str(kwargs.get("litellm_call_id")))
 
     async def response_headers(self, data: dict[str, Any], response: Any) -> dict[str, str]:
-        decision = self._decisions.pop(str(data.get("litellm_call_id")), None)
-        if decision is None:
+        kept = self._decisions.pop(str(data.get("litellm_call_id")), None)
+        if kept is None:
             return {}
-        return {HEADER: decision.reason}
+        group, tenant, decision = kept
+        if tenant != tenant_of(data):
+            return {}  # a client can choose its call id (x-litellm-call-id): never hand it another tenant's decision
+        router = self._routers.get(group)
+        show = router.options.show_header if router is not None else "off"
+        if show == "everyone" or (show == "admins" and caller_role(request_metadata(data)) in _ADMIN_ROLES):
+            return {HEADER: decision.reason}
+        return {}

@@ -48,6 +48,17 @@ def caller_from_request_metadata(metadata: Mapping[str, Any] | None) -> Caller:
     )
 
 
+def caller_role(metadata: Mapping[str, Any] | None) -> str | None:
+    """The verified caller's LiteLLM role (``proxy_admin``, ``internal_user``, ...), from the
+    ``UserAPIKeyAuth`` copy LiteLLM keeps in the request metadata (``user_api_key_auth``; a client's own
+    ``user_api_key_*`` fields are dropped before LiteLLM writes it)."""
+    auth = (metadata or {}).get("user_api_key_auth")
+    role = field(auth, "user_role")
+    if role is None:
+        return None
+    return str(getattr(role, "value", role))
+
+
 # -- which request ----------------------------------------------------------------------------------
 def model_group(data: Mapping[str, Any]) -> str:
     """The model group a proxy request names (its ``model`` field)."""

@@ -19,14 +19,13 @@ import functools
 import hashlib
 import hmac
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
@@ -119,6 +118,8 @@ class KVRoutingHandler(Handler):
         self.backend = "memory" if settings.mode == "embedded" else "redis"
         self._tasks: set[asyncio.Task[None]] = set()
         self._salt_secret: bytes | None = None
+        if any(o.tenant_isolation != "none" for o in self.options.values()):
+            self._salt_secret = salt_secret(settings)
 
     def enabled_for(self, group: ModelGroupSettings | None) -> bool:
         return group is not None and group.routing == "kv"
@@ -157,14 +158,8 @@ class KVRoutingHandler(Handler):
     # -- pre_call: tenant isolation -------------------------------------------------------------
     def _secret(self) -> bytes:
         if self._salt_secret is None:
-            env = os.environ.get(self.settings.salt_secret_env)
-            if not env:
-                # A per-process secret still isolates tenants; it changes the salt on restart,
-                # which only costs cache hits. Documented: set the variable in production.
-                log.warning("litellm-kv: %s unset; using a random per-process salt secret",
-                            self.settings.salt_secret_env)
-                env = os.urandom(32).hex()
-            self._salt_secret = env.encode()
+            # Checked again here for settings built without load_settings: no isolation with a guessable secret.
+            self._salt_secret = salt_secret(self.settings)
         return self._salt_secret
 
     async def pre_call(self, req: ProxyRequest) -> None:

@@ -30,6 +30,15 @@ def deployments() -> list[dict[str, Any]]:
     ]
 
 
+# What LiteLLM writes into the request metadata after authentication (a client's user_api_key_* are dropped):
+# an admin with no key hash, the same tenant as the calls above that carry no identity.
+ADMIN = {"user_api_key_auth": {"user_role": "proxy_admin"}}
+
+
+def caller(team: str | None, key: str, role: str = "internal_user") -> dict[str, Any]:
+    return {"user_api_key_hash": key, "user_api_key_team_id": team, "user_api_key_auth": {"user_role": role}}
+
+
 def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(f"litellm_kv_{name}_total", labels) or 0.0
 
@@ -50,7 +59,8 @@ async def test_follows_pin_counts_metrics_and_moves_on_retry() -> None:
     moved = await h.filter_deployments("g1", deployments(), msgs, retry_kwargs)
     assert moved is not None and moved[0]["model_info"]["id"] != pinned
     assert metric("affinity_repins", group="g1", reason="failed") >= 1
-    assert await h.response_headers({"litellm_call_id": "c3"}, None) == {"x-litellm-kv-affinity": "repin"}
+    assert await h.response_headers({"litellm_call_id": "c3", "metadata": ADMIN}, None) == {
+        "x-litellm-kv-affinity": "repin"}
 
 
 async def test_other_groups_and_non_chat_requests_get_no_opinion() -> None:
@@ -93,3 +103,50 @@ async def test_unreachable_redis_leaves_routing_to_litellm() -> None:
     assert out is None
     assert metric("affinity_misses", group="g2", reason="store_error") == before + 1
     await h.shutdown()
+
+
+async def test_affinity_pins_scoped_to_verified_team_else_key() -> None:
+    """Limit protected: tenant isolation of pins. The tenant is read from the metadata LiteLLM writes
+    for the authenticated caller: its team, else its key. Another team's request for the same prompt
+    does not follow the pin; a second key of the same team does."""
+    s = settings()
+    s.model_groups["g"].affinity = {"store": "memory", "show_header": "everyone"}
+    h = AffinityHandler(s, clock=FakeClock())
+    msgs = conversation(1, seed=21)[0]
+
+    async def reason(call: str, md: dict[str, Any]) -> str:
+        await h.filter_deployments("g", deployments(), msgs, {"litellm_call_id": call, "metadata": md})
+        return (await h.response_headers({"litellm_call_id": call, "metadata": md}, None))["x-litellm-kv-affinity"]
+
+    assert await reason("a1", caller("t-a", "k1")) == "new"
+    assert await reason("b1", caller("t-b", "k2")) == "new"
+    assert await reason("a2", caller("t-a", "k3")) == "hit"  # same team, another key
+    assert await reason("s1", caller(None, "k4")) == "new"  # no team: the key is the tenant
+    assert await reason("s2", caller(None, "k4")) == "hit"
+
+
+async def test_affinity_header_shown_to_admins_only_by_default() -> None:
+    """Limit protected: the affinity header reveals pins; by default only admins see it."""
+    msgs = conversation(1, seed=22)[0]
+    for show, member, admin in (("admins", {}, {"x-litellm-kv-affinity": "new"}),
+                                ("everyone", {"x-litellm-kv-affinity": "new"}, {"x-litellm-kv-affinity": "new"}),
+                                ("off", {}, {})):
+        s = settings()
+        s.model_groups["g"].affinity = {"store": "memory", "show_header": show}
+        h = AffinityHandler(s, clock=FakeClock())
+        seen = []
+        for call, md in (("m", caller("t-a", "k1")), ("adm", ADMIN)):
+            await h.filter_deployments("g", deployments(), msgs, {"litellm_call_id": call, "metadata": md})
+            seen.append(await h.response_headers({"litellm_call_id": call, "metadata": md}, None))
+        assert seen == [member, admin], show
+
+
+async def test_affinity_header_never_given_to_another_tenant_reusing_a_call_id() -> None:
+    """Limit protected: tenant isolation of the header. A client can pick its call id
+    (x-litellm-call-id); answering another tenant's call id must not hand over that tenant's decision."""
+    s = settings()
+    s.model_groups["g"].affinity = {"store": "memory", "show_header": "everyone"}
+    h = AffinityHandler(s, clock=FakeClock())
+    await h.filter_deployments("g", deployments(), conversation(1, seed=31)[0],
+                               {"litellm_call_id": "same", "metadata": caller("t-a", "k1")})
+    assert await h.response_headers({"litellm_call_id": "same", "metadata": caller("t-b", "k2")}, None) == {}

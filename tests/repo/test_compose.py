@@ -44,6 +44,9 @@ LITELLM_CONFIG = ROOT / "config" / "litellm.yaml"
 INDEXER_CONFIG = ROOT / "config" / "indexer.yaml"
 PROFILES = ("cpu", "gpu", "observability")
 CONTRACT_FLAGS = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
+# Secrets the compose file has no default for: `docker-compose config` refuses without them.
+REQUIRED_SECRETS = {"LITELLM_KV_SALT_SECRET": "compose-test-salt-secret",
+                    "LITELLM_KV_INDEXER_TOKEN": "compose-test-indexer-token"}
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +104,23 @@ def test_docker_compose_config_passes(profiles: tuple[str, ...]) -> None:
     for p in profiles:
         argv += ["--profile", p]
     r = subprocess.run([*argv, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "COMPOSE_PROJECT_NAME": "litellm-kv-ci"})
+                       env={**os.environ, "COMPOSE_PROJECT_NAME": "litellm-kv-ci", **REQUIRED_SECRETS})
     assert r.returncode == 0, f"{shlex.join(argv)} config: {r.stderr}"
+
+
+@pytest.mark.parametrize("secret", sorted(REQUIRED_SECRETS))
+def test_compose_ships_no_default_secret_for(secret: str, compose: dict[str, Any]) -> None:
+    """Limit protected: tenant isolation needs secrets nobody else knows. Without the variable
+    `docker-compose config` fails, and its error names the variable."""
+    values = [v for s in compose["services"].values() for k, v in (s.get("environment") or {}).items()
+              if k == secret]
+    assert values and all(str(v).startswith(f"${{{secret}:?") for v in values), values
+    env = {k: v for k, v in os.environ.items() if k not in REQUIRED_SECRETS}
+    env.update({k: v for k, v in REQUIRED_SECRETS.items() if k != secret})
+    r = subprocess.run([_compose_bin(), "-f", str(COMPOSE), "--profile", "cpu", "config", "-q"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**env, "COMPOSE_PROJECT_NAME": "litellm-kv-ci"})
+    assert r.returncode != 0 and secret in r.stderr, r.stderr
 
 
 # -- structure ------------------------------------------------------------------------------------
@@ -284,6 +302,24 @@ def test_gpu_engines_carry_the_same_contract(compose: dict[str, Any]) -> None:
         assert _flag(argv, "--prefix-caching-hash-algo") == _flag(cpu, "--prefix-caching-hash-algo")
         devices = s["deploy"]["resources"]["reservations"]["devices"]
         assert devices and "gpu" in devices[0]["capabilities"]
+
+
+def test_indexer_api_is_loopback_by_default_and_token_guarded_in_the_stack(compose: dict[str, Any]) -> None:
+    """Limit protected: the indexer's HTTP API (every tenant's prompt placement). The config binds
+    loopback; the compose file widens it explicitly, and only together with the required token,
+    which Prometheus is given for the scrape."""
+    assert load_indexer_config(INDEXER_CONFIG).host == "127.0.0.1"
+    indexers = {n: s for n, s in compose["services"].items() if n.startswith("indexer")}
+    for name, s in indexers.items():
+        assert s["command"][s["command"].index("--host") + 1] == "0.0.0.0", name
+        token_var = load_indexer_config(INDEXER_CONFIG).api_token_env
+        assert str(s["environment"][token_var]).startswith(f"${{{token_var}:?"), name
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"]
+               if any(t.startswith("indexer") for sc in j["static_configs"] for t in sc["targets"]))
+    assert job["authorization"]["type"] == "Bearer"
+    token_file = job["authorization"]["credentials_file"]
+    assert token_file in " ".join(compose["services"]["prometheus"]["command"])
 
 
 def test_prometheus_scrapes_proxy_indexers_and_engines(compose: dict[str, Any]) -> None:

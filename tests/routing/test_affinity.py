@@ -331,6 +331,36 @@ async def test_too_short_prompt_gives_no_opinion() -> None:
     assert d.deployment is None and d.reason == "too_short"
 
 
+# -- tenants ----------------------------------------------------------------------------------------
+async def test_affinity_pins_scoped_to_tenant_by_default() -> None:
+    """Limit protected: tenant isolation of pins. A second tenant sending the same prompt gets a pin
+    of its own ('new'), as if the first had never sent it; the first tenant still hits its pin."""
+    router = make_router(FakeClock())
+    msgs = conversation(1, seed=7)[0]
+    assert (await router.choose(msgs, None, DEPS, tenant="team:a")).reason == "new"
+    assert (await router.choose(msgs, None, DEPS, tenant="team:b")).reason == "new"
+    assert (await router.choose(msgs, None, DEPS, tenant="team:a")).reason == "hit"
+    assert (await router.choose(msgs, None, DEPS, tenant="team:b")).reason == "hit"
+
+
+async def test_affinity_prompt_cache_key_cannot_name_another_tenant() -> None:
+    """Limit protected: tenant isolation of pins. ``prompt_cache_key`` is the client's: whatever it
+    holds, it cannot make a request's keys those of another tenant."""
+    router = make_router(FakeClock())
+    msgs = conversation(1, seed=8)[0]
+    await router.choose(msgs, None, DEPS, tenant="team:a", namespace_extra="k")
+    for forged in ("k", '", "team:a", "k', "team:a\x00k", "\x00team:a\x00k"):
+        assert (await router.choose(msgs, None, DEPS, tenant="team:b", namespace_extra=forged)).reason == "new"
+
+
+async def test_affinity_pins_shared_across_tenants_when_the_group_opts_in() -> None:
+    router = make_router(FakeClock(), share_pins_across_tenants=True)
+    msgs = conversation(1, seed=9)[0]
+    first = await router.choose(msgs, None, DEPS, tenant="team:a")
+    other = await router.choose(msgs, None, DEPS, tenant="team:b")
+    assert (other.reason, other.deployment) == ("hit", first.deployment)
+
+
 def test_docs_list_every_option_and_metric() -> None:
     import dataclasses
 

@@ -82,6 +82,19 @@ class AffinitySettings:
     redis_timeout_seconds: float = doc(
         "Socket timeout of Redis calls; on timeout the request is routed by LiteLLM alone.", default=0.25
     )
+    share_pins_across_tenants: bool = doc(
+        "False: pins are kept per tenant (the verified key's team, else the key), so a request follows only "
+        "pins its own tenant created and no tenant can tell from routing or the x-litellm-kv-affinity header "
+        "whether another tenant sent the same prompt. True: every caller of the group shares the pins (a "
+        "prompt common to several tenants is cached once), at the price of that cross-tenant signal.",
+        default=False,
+    )
+    show_header: Literal["off", "admins", "everyone"] = doc(
+        "Who gets the x-litellm-kv-affinity response header (hit, new, repin, overloaded, too_short, "
+        "store_error): 'admins' (proxy_admin and proxy_admin_viewer keys), 'everyone', or 'off'. With "
+        "share_pins_across_tenants, 'everyone' lets any caller learn that another sent a prompt.",
+        default="admins",
+    )
 
     def validate(self) -> None:
         if self.ttl_seconds <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,17 @@ class AffinityRouter:
         self.memo = memo or TokenMemo()
         self._pick = rng or random.choice
 
+    def namespace(self, tenant: str, extra: str = "") -> str:
+        """The seed of a request's key chain: group, tenant (unless shared) and the client's extra part.
+
+        JSON keeps the parts apart: a client-chosen ``extra`` (``prompt_cache_key``) cannot be made to
+        read as another tenant's name.
+        """
+        scope = "" if self.options.share_pins_across_tenants else tenant
+        if not scope:
+            return f"{self.group}\x00{extra}"
+        return json.dumps([self.group, scope, extra], ensure_ascii=False)
+
     def key_name(self, digest: PrefixDigest) -> str:
         # The hash tag keeps a group's pins in one Redis Cluster slot (one script call per request).
         return f"{self.options.key_prefix}:{{{self.group}}}:{digest}"
@@ -60,8 +72,13 @@ class AffinityRouter:
         failed_in_request: frozenset[str] = frozenset(),
         namespace_extra: str = "",
         retention: Any = None,
+        tenant: str = "",
     ) -> PinDecision:
-        """``deployments``: (id, provider, model, model_info) of the healthy deployments."""
+        """``deployments``: (id, provider, model, model_info) of the healthy deployments.
+
+        ``tenant``: who the verified caller is (team or key); it seeds the keys unless the group shares
+        pins across tenants, so one tenant's pins are invisible to every other.
+        """
         opts = self.options
         failed = set(failed_in_request)
         window = opts.avoid_failed_seconds
@@ -75,7 +92,7 @@ class AffinityRouter:
         profile = profile_for(provider, opts)
         meter = make_meter(opts.tokenizer, opts, provider, model)
         prefixes = conversation_prefixes(
-            messages, tools, namespace=f"{self.group}\x00{namespace_extra}", meter=meter, memo=self.memo
+            messages, tools, namespace=self.namespace(tenant, namespace_extra), meter=meter, memo=self.memo
         )
         chosen = select_keys(prefixes, profile, opts)
         if not chosen:

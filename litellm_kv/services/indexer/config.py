@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,18 @@ from litellm_kv.config import doc, parse_section
 from litellm_kv.errors import ConfigError
 
 HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+# A bearer token shorter than this could be guessed by a client that can reach the port.
+_MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name the API binds) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 @dataclass(slots=True)
@@ -70,9 +84,32 @@ class IndexerSettings:
     model_groups: dict[str, IndexerGroupSettings] = doc(
         "Model groups to index, keyed by LiteLLM model_name.", default_factory=dict
     )
-    host: str = doc("Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics).",
-                    default="127.0.0.1")
+    host: str = doc(
+        "Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics). Loopback by default; "
+        "any other address needs an API token (api_token_env or api_token), or the indexer refuses to start.",
+        default="127.0.0.1",
+    )
     port: int = doc("Port of the HTTP API.", default=8790)
+    api_token_env: str = doc(
+        "Environment variable holding the bearer token of the HTTP API. With a token, /replicas, /lookup and "
+        "/metrics need 'Authorization: Bearer <token>': 401 without it, 403 with another; /health without it "
+        "answers only its status. Without one the API is open, which is allowed on loopback only.",
+        default="LITELLM_KV_INDEXER_TOKEN",
+    )
+    api_token: str | None = doc(
+        "The bearer token itself, when it cannot come from the environment (prefer api_token_env: a config "
+        "file is read by more people than a secret store). At least 16 characters.",
+        default=None,
+    )
+    max_request_bytes: int = doc(
+        "Largest request body the HTTP API reads; a larger one is refused with 413 before it is parsed.",
+        default=4 * 1024 * 1024,
+    )
+    max_lookup_tokens: int = doc(
+        "Most token ids one POST /lookup may carry (the block hashes computed and looked up are this divided "
+        "by the block size); more is refused with 413. Raise it above the engines' longest max-model-len.",
+        default=262_144,
+    )
     hash_seed: str | None = doc("Default PYTHONHASHSEED of the engines (see model_groups.<g>.hash_seed).",
                                 default=None)
     exactness_sample_rate: float = doc(
@@ -101,6 +138,8 @@ class IndexerSettings:
     engine_timeout_s: float = doc("Timeout of HTTP calls to the engines.", default=5.0)
 
     def validate(self) -> None:
+        if self.max_request_bytes < 1 or self.max_lookup_tokens < 1:
+            raise ValueError("max_request_bytes and max_lookup_tokens must be at least 1")
         if not 0.0 <= self.exactness_sample_rate <= 1.0:
             raise ValueError("exactness_sample_rate must be within [0, 1]")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
@@ -108,6 +147,23 @@ class IndexerSettings:
         for name, group in self.model_groups.items():
             if not group.replicas:
                 raise ValueError(f"model_groups.{name}: no replicas")
+
+    def token(self) -> str | None:
+        """The API's bearer token (``api_token``, else the variable ``api_token_env`` names), checked.
+
+        No token is allowed only while ``host`` is loopback: anywhere else the KV index of every tenant's
+        prompts would be open to whoever reaches the port.
+        """
+        token = self.api_token if self.api_token is not None else os.environ.get(self.api_token_env, "")
+        token = token.strip()
+        where = "indexer.api_token" if self.api_token is not None else f"{self.api_token_env} (indexer.api_token_env)"
+        if token and len(token) < _MIN_TOKEN_CHARS:
+            raise ConfigError(f"{where}: the API token has {len(token)} characters; use at least {_MIN_TOKEN_CHARS} "
+                              f"(for example `openssl rand -hex 32`)")
+        if not token and not is_loopback(self.host):
+            raise ConfigError(f"indexer.host is {self.host!r}, not loopback, and {where} is unset or empty: set an "
+                              f"API token (for example `openssl rand -hex 32`) or bind 127.0.0.1")
+        return token or None
 
     def seed_of(self, group: str) -> str | None:
         g = self.model_groups[group]
