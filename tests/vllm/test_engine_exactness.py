@@ -125,6 +125,10 @@ def workload(rng: random.Random) -> tuple[list[list[dict[str, Any]]], list[str],
 
 async def test_index_predicts_cached_tokens_exactly(fleet: Fleet) -> None:
     rng = random.Random(20261129)
+    # The engines are shared by the session: catching up through their replay rings re-applies the
+    # AllBlocksCleared of earlier tests' cache resets (each a purge). What this test forbids is a purge
+    # or a malformed frame during its own workload.
+    purged_at_start = [s.stats.purges for rs in fleet.subs for s in rs.subscribers]
     convs, systems, uniques = workload(rng)
 
     # -- mixed workload, alternating replicas; enough to overflow both 256-block caches ------
@@ -180,7 +184,8 @@ async def test_index_predicts_cached_tokens_exactly(fleet: Fleet) -> None:
     assert total >= 100 and nonzero >= 30
     # The exactness checker recomputed the engines' hashes from token ids and found them equal.
     assert all(c.checked_blocks > 100 and c.exact for c in checks), checks
-    assert all(s.malformed == 0 and s.purges == 0 for s in stats), stats
+    assert all(s.malformed == 0 for s in stats), stats
+    assert [s.purges for s in stats] == purged_at_start, (purged_at_start, stats)
 
 
 async def test_late_subscriber_catches_up_through_replay(fleet: Fleet, engines: list[EngineReplica]) -> None:
