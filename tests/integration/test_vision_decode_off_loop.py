@@ -34,7 +34,7 @@ async def test_max_image_bytes_large_image_is_decoded_off_the_event_loop() -> No
         data={"model": "qwen-vl", "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}}]}]},
         caller=Caller(key_alias="k"), model_group="qwen-vl", call_type="acompletion", settings=settings,
-        group=settings.group("qwen-vl"),
+        group=settings.group("qwen-vl"), record_key="call-1",
     )
     gaps: list[float] = []
     done = asyncio.Event()
