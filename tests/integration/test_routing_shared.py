@@ -64,6 +64,9 @@ def proxies(engines: list[EngineReplica], engine_model: Any, redis_srv: RedisSer
     cfg = _config(engines, str(engine_model))
     cfg["litellm_kv"]["mode"] = "shared"
     cfg["litellm_kv"]["redis_url"] = redis_srv.url
+    # This module measures routing quality; a lookup past the routing deadline falls back to load (tested
+    # in test_redis_faults.py), which two proxies, an indexer and two engines on 2 cores can cause.
+    cfg["litellm_kv"]["redis_routing"] = {"deadline_ms": 500}
     started: list[Proxy] = []
     try:
         for name in ("shared-proxy-a", "shared-proxy-b"):
