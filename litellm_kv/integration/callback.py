@@ -31,6 +31,7 @@ from litellm_kv.config import Settings, load_settings
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.call_records import CallRecords
+from litellm_kv.integration.governance import GroupNames
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.observability import counter, histogram
 
@@ -79,6 +80,7 @@ class LiteLLMKV(CustomLogger):
             self._share_records(handlers)
         self._started: asyncio.Lock | None = None
         self._ready = False
+        self._group_names: GroupNames | None = None
 
     # -- set-up -----------------------------------------------------------------------------
     @property
@@ -108,6 +110,12 @@ class LiteLLMKV(CustomLogger):
         # One table for the call: the callback checks call-id reuse and keeps headers in the same one.
         for h in handlers:
             h.records = self.records
+
+    @property
+    def group_names(self) -> GroupNames:
+        if self._group_names is None:
+            self._group_names = GroupNames(self.settings)
+        return self._group_names
 
     def handler(self, name: str) -> Handler | None:
         return next((h for h in self.handlers if h.name == name), None)
@@ -152,14 +160,19 @@ class LiteLLMKV(CustomLogger):
         await self.ensure_started()
         # Before any handler: a client-sent decision, route or header record under our names is never read.
         litellm_data.drop_client_entries(data)
-        model_group = litellm_data.model_group(data)
+        caller = litellm_data.caller_from_auth(user_api_key_dict)
+        try:
+            # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
+            model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id)
+        except PolicyViolation as exc:
+            raise self._refusal(exc) from None
         group = self.settings.group(model_group)
         acting = [h for h in self.handlers if h.enabled_for(group)]
         # Only a call some handler acts on can have records (an ungoverned call's body stays as sent).
         record_key = litellm_data.stamp_call(data) if acting else None
         req = ProxyRequest(
             data=data,
-            caller=litellm_data.caller_from_auth(user_api_key_dict),
+            caller=caller,
             model_group=model_group,
             call_type=str(getattr(call_type, "value", call_type)),  # a CallTypes member or its string
             settings=self.settings,

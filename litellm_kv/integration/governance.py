@@ -1,6 +1,7 @@
 """What the per-key governance handlers (reasoning, vision) share: a section of their own in each model
-group's config, parsed once per group, period budgets (in memory, or Redis when ``redis_url`` is set),
-failing closed, and the per-call decision kept by the proxy (never read from the request)."""
+group's config, parsed once per group, the group a request is governed as whatever name the client
+sent (:class:`GroupNames`), period budgets (in memory, or Redis when ``redis_url`` is set), failing
+closed, and the per-call decision kept by the proxy (never read from the request)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudget
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.litellm_data import DeploymentTarget
+from litellm_kv.routing.fleet import replica_id
 from litellm_kv.tasks import spawn_held
 
 G = TypeVar("G")
@@ -56,6 +59,121 @@ async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mu
         except BudgetStoreError:
             log.warning("litellm-kv: could not release a hold of %s on %s (it expires by itself)",
                         meter.replace("_", " "), ch["scope"])
+
+
+#: The config sections whose limits a client must not escape by naming the same deployments differently.
+GOVERNED_SECTIONS = ("reasoning", "vision")
+
+
+def _server(api_base: str) -> str:
+    try:
+        return replica_id(api_base)
+    except ValueError:  # a port that is no number: compare it as written
+        return api_base.strip().rstrip("/")
+
+
+def same_engine(a: DeploymentTarget, b: DeploymentTarget) -> bool:
+    """Whether calls to ``a`` land on the engine ``b`` sends to: the same server (scheme, host, port)
+    and the same upstream model, or any model when either is a vLLM deployment, since one vLLM server
+    answers every name it serves (``--served-model-name`` lists, LoRA adapters) on the same engine.
+    Without an api_base (a provider's default endpoint): the same provider and model."""
+    if a.api_base is None or b.api_base is None:
+        return a.api_base is None and b.api_base is None and (a.provider, a.model) == (b.provider, b.model)
+    if _server(a.api_base) != _server(b.api_base):
+        return False
+    return a.vllm or b.vllm or a.model == b.model
+
+
+class GroupNames:
+    """The configured model group a request is governed as, whatever name the client sent.
+
+    * a name under ``litellm_kv.model_groups`` is governed by its own entry (an empty entry is the
+      operator saying that name has no limits);
+    * a ``router_settings.model_group_alias`` of a configured group is governed as that group, the one
+      LiteLLM's router serves it from;
+    * any other name (a second ``model_name``, a wildcard, a deployment id, an alias of an unconfigured
+      group) that LiteLLM would serve from the deployments of a group with reasoning or vision limits
+      is refused (400 ``governance.model_name``): which of several groups' limits it should carry is
+      the operator's to say, not the client's.
+
+    Routing reads stay open to failure where no limit is at stake; where governed groups exist, a
+    failure to tell where a name goes refuses the request (500 ``governance.internal_error``).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        #: Each group with limits, and which sections it has them in.
+        self.governed: dict[str, list[str]] = {}
+        for name, group in settings.model_groups.items():
+            sections = [s for s in GOVERNED_SECTIONS if getattr(group, s)]
+            if sections:
+                self.governed[name] = sections
+        self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
+
+    def resolve(self, requested: str, team_id: str | None = None) -> str:
+        """The group name to govern (and route) ``requested`` as; raises :class:`PolicyViolation` when
+        the name reaches governed deployments without an entry of its own."""
+        if requested in self.settings.model_groups:
+            return requested
+        try:
+            target = litellm_data.router_alias_target(requested)
+            if target is not None and target in self.settings.model_groups:
+                return target
+            if not self.governed:
+                return target or requested
+            groups = self._governed_reached(litellm_data.router_deployments(requested, team_id) or [])
+        except Exception as exc:
+            if not self.governed:
+                log.warning("litellm-kv: cannot resolve model '%s' through the router; using it as sent",
+                            requested, exc_info=True)
+                return requested
+            log.exception("litellm-kv: cannot tell whether model '%s' reaches governed deployments", requested)
+            raise PolicyViolation(
+                500, f"Whether model '{requested}' is served by the deployments of a model group with limits "
+                f"({', '.join(sorted(self.governed))}) could not be checked ({type(exc).__name__}), so the request "
+                "was refused rather than sent without them; the proxy log has the details.",
+                limit_name="governance.internal_error", value=requested, source="litellm-kv",
+            ) from None
+        if groups:
+            raise self._unconfigured(requested, groups)
+        return target or requested
+
+    def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:
+        sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
+        named = ", ".join(f"'{g}'" for g in groups)
+        return PolicyViolation(
+            400, f"Model '{requested}' is served by the same deployments as model {named}, which has "
+            f"{' and '.join(sections)} limits, but '{requested}' has no litellm_kv.model_groups entry of its own, "
+            f"so those limits cannot follow it and the request was refused. Use model {named}; the proxy's "
+            f"operator can instead configure '{requested}' under litellm_kv.model_groups or make it a "
+            "router_settings.model_group_alias of a governed group.",
+            limit_name="governance.model_name", value=requested, source=f"config model_groups.{groups[0]}",
+        )
+
+    def _governed_reached(self, reached: list[Mapping[str, Any]]) -> list[str]:
+        """The governed groups whose engines any of ``reached`` sends to."""
+        engines = self._governed_engines()
+        found: set[str] = set()
+        for dep in reached:
+            target = litellm_data.deployment_target(dep)
+            for engine, group in engines:
+                if group not in found and same_engine(target, engine):
+                    log.info("litellm-kv: %s reaches %s of governed group '%s'", target, engine, group)
+                    found.add(group)
+        return sorted(found)
+
+    def _governed_engines(self) -> list[tuple[DeploymentTarget, str]]:
+        """Where each governed group's deployments send to, read again whenever the router's deployments change."""
+        version = litellm_data.router_version()
+        if self._engines is not None and version is not None and self._engines[0] == version:
+            return self._engines[1]
+        engines = [
+            (litellm_data.deployment_target(dep), name)
+            for name in self.governed
+            for dep in litellm_data.router_deployments(name) or []
+        ]
+        self._engines = (version, engines)
+        return engines
 
 
 class GovernanceHandler(Handler, Generic[G]):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from litellm_kv.integration.hooks import Caller
@@ -61,8 +62,74 @@ def caller_role(metadata: Mapping[str, Any] | None) -> str | None:
 
 # -- which request ----------------------------------------------------------------------------------
 def model_group(data: Mapping[str, Any]) -> str:
-    """The model group a proxy request names (its ``model`` field)."""
+    """The model name a proxy request sends (its ``model`` field): the client's choice, which may be a
+    ``model_group_alias``, a wildcard match or a second name over the same deployments (see
+    :class:`~litellm_kv.integration.governance.GroupNames` for the group it is governed as)."""
     return str(data.get("model") or "")
+
+
+# -- what the router makes of a name ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DeploymentTarget:
+    """Where a deployment sends its calls: ``api_base`` (``None`` for a provider's default), the
+    upstream model name (without the ``provider/`` prefix) and whether it is a vLLM server."""
+
+    api_base: str | None
+    model: str
+    provider: str
+    vllm: bool
+
+
+def deployment_target(deployment: Mapping[str, Any]) -> DeploymentTarget:
+    """The :class:`DeploymentTarget` of one ``model_list`` entry (wildcard entries as the router copied
+    them for a name, with the ``*`` already replaced)."""
+    params = deployment.get("litellm_params")
+    params = params if isinstance(params, Mapping) else {}
+    model = str(params.get("model") or "")
+    prefix, sep, rest = model.partition("/")
+    provider = str(params.get("custom_llm_provider") or (prefix if sep else ""))
+    upstream = rest if sep and prefix == provider else model
+    api_base = params.get("api_base")
+    return DeploymentTarget(str(api_base) if api_base else None, upstream, provider, provider == "hosted_vllm")
+
+
+def _router() -> Any | None:
+    try:
+        from litellm.proxy import proxy_server
+    except ImportError:  # not inside a proxy (tests, scripts)
+        return None
+    return getattr(proxy_server, "llm_router", None)
+
+
+def router_version() -> int | None:
+    """The router's registry version (it changes whenever deployments change); ``None`` without a router."""
+    router = _router()
+    return None if router is None else int(router.registry().version)
+
+
+def router_alias_target(name: str) -> str | None:
+    """The group ``router_settings.model_group_alias`` sends ``name`` to (LiteLLM's own lookup), or ``None``."""
+    router = _router()
+    if router is None:
+        return None
+    target = router.registry().resolve(name, kind="alias")
+    return str(target) if target else None
+
+
+def router_deployments(name: str, team_id: str | None = None) -> list[Mapping[str, Any]] | None:
+    """Every deployment the router may serve ``name`` from, as LiteLLM looks it up: the group, its
+    aliases, routing groups, then wildcards (``registry().deployments``), or the deployment whose id it
+    is. ``None`` without a router (not inside a proxy)."""
+    router = _router()
+    if router is None:
+        return None
+    registry = router.registry()
+    found = [d for d in registry.deployments(name, team_id=team_id) or [] if isinstance(d, Mapping)]
+    if not found and registry.has_deployment(name):
+        dep = registry.deployment_dict(name)
+        if isinstance(dep, Mapping):
+            found.append(dep)
+    return found
 
 
 def is_vllm_deployment(kwargs: Mapping[str, Any]) -> bool:

@@ -54,7 +54,7 @@ def stack() -> Iterator[dict[str, Any]]:
             {"model_name": "qwen", "litellm_params": dep},
             {"model_name": "qwen-vl", "litellm_params": dep},
             {"model_name": "qwen-vl-capped", "litellm_params": dep},
-            {"model_name": "open", "litellm_params": dep},  # no litellm_kv section: ungoverned
+            {"model_name": "open", "litellm_params": dep},  # configured without limits: ungoverned
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
         "litellm_kv": {"model_groups": {
@@ -62,6 +62,8 @@ def stack() -> Iterator[dict[str, Any]]:
             "qwen-vl": {"vision": {"family": "qwen2_5_vl", "max_visual_tokens_per_request": 1000,
                                    "fetch": {"allow_hosts": ["127.0.0.1"], "timeout_s": 1.0}}},
             "qwen-vl-capped": {"vision": {"family": "qwen2_5_vl", "max_pixels": CEILING_PIXELS}},
+            # Over the governed groups' deployment: an entry of its own says it has no limits.
+            "open": {},
         }},
     }
     proxy = start_proxy(config, name="litellm-adversarial", keys=KEYS, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})

@@ -1,0 +1,102 @@
+"""Which configured group a name is governed as, asked of a real ``litellm.Router`` in this process.
+
+The proxy-level cases are in ``tests/integration/test_adversarial_names.py``; these reach what a proxy
+test cannot set up cheaply: no router at all, providers without an ``api_base``, and a router that
+raises (a stand-in registry, since a real one does not fail on demand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import litellm
+import pytest
+from litellm.proxy import proxy_server
+
+from litellm_kv.config import Settings, parse_section
+from litellm_kv.errors import PolicyViolation
+from litellm_kv.integration.governance import GroupNames
+
+VLLM = {"model": "hosted_vllm/fake-model", "api_base": "http://10.0.0.1:8000/v1"}
+MODEL_LIST = [
+    {"model_name": "qwen", "litellm_params": VLLM},
+    {"model_name": "qwen-twin", "litellm_params": {**VLLM, "api_base": "http://10.0.0.1:8000"}},
+    {"model_name": "qwen-lora", "litellm_params": {**VLLM, "model": "hosted_vllm/my-adapter"}},
+    {"model_name": "wild/*", "litellm_params": {**VLLM, "model": "hosted_vllm/*"}},
+    {"model_name": "other", "litellm_params": {**VLLM, "api_base": "http://10.0.0.2:8000/v1"}},
+    {"model_name": "gpt-4o", "litellm_params": {"model": "openai/gpt-4o", "api_key": "x"}},
+    {"model_name": "gpt-4o-mini", "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "x"}},
+    {"model_name": "gpt-4o-again", "litellm_params": {"model": "openai/gpt-4o", "api_key": "x"}},
+]
+GROUPS = {
+    "qwen": {"reasoning": {"style": "vllm", "max_budget": 50}},
+    "gpt-4o": {"vision": {"family": "openai"}},
+    "open": {},
+}
+
+
+def names() -> GroupNames:
+    return GroupNames(parse_section(Settings, {"model_groups": GROUPS}, "litellm_kv"))
+
+
+@pytest.fixture
+def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    r = litellm.Router(model_list=MODEL_LIST, model_group_alias={"qwen-alias": "qwen", "stray": "other"})
+    monkeypatch.setattr(proxy_server, "llm_router", r, raising=False)
+    yield r
+
+
+def _refused(name: str) -> PolicyViolation:
+    with pytest.raises(PolicyViolation) as exc:
+        names().resolve(name)
+    return exc.value
+
+
+def test_reasoning_limits_follow_an_alias_to_its_group(router: Any) -> None:
+    assert names().resolve("qwen-alias") == "qwen"
+    assert names().resolve("qwen") == "qwen"
+
+
+@pytest.mark.parametrize("name", ["qwen-twin", "qwen-lora", "wild/fake-model"])
+def test_reasoning_limits_hold_for_other_names_of_a_governed_vllm_server(router: Any, name: str) -> None:
+    """Another path on the same server, another served model (a LoRA adapter) and a wildcard."""
+    err = _refused(name)
+    assert (err.status_code, err.limit_name, err.value) == (400, "governance.model_name", name)
+    assert "'qwen'" in err.message and "reasoning limits" in err.message
+
+
+def test_vision_limits_hold_for_a_second_name_of_a_provider_model(router: Any) -> None:
+    err = _refused("gpt-4o-again")
+    assert err.limit_name == "governance.model_name" and "'gpt-4o'" in err.message
+
+
+def test_ungoverned_names_stay_ungoverned(router: Any) -> None:
+    # Another server, another provider model without an api_base, an explicit empty entry, an alias of one.
+    for name in ("other", "gpt-4o-mini", "open", "unknown-name"):
+        assert names().resolve(name) == name
+    assert names().resolve("stray") == "other"
+
+
+def test_without_a_router_the_name_is_used_as_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(proxy_server, "llm_router", None, raising=False)
+    assert names().resolve("qwen-twin") == "qwen-twin"
+
+
+class _BrokenRegistry:
+    def resolve(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("router internals changed")
+
+
+class _BrokenRouter:
+    def registry(self) -> _BrokenRegistry:
+        return _BrokenRegistry()
+
+
+def test_governance_fails_closed_when_the_router_cannot_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(proxy_server, "llm_router", _BrokenRouter(), raising=False)
+    err = _refused("qwen-twin")
+    assert (err.status_code, err.limit_name) == (500, "governance.internal_error")
+    assert names().resolve("qwen") == "qwen"  # a configured name needs no router
+    ungoverned = GroupNames(parse_section(Settings, {"model_groups": {"open": {}}}, "litellm_kv"))
+    assert ungoverned.resolve("qwen-twin") == "qwen-twin"  # no limit at stake: fails open
