@@ -22,6 +22,7 @@ pytestmark = pytest.mark.proxy
 MAX_BUDGET = 5
 KEYS: dict[str, dict[str, Any]] = {
     "sk-plain": {"key_alias": "plain", "metadata": {}},
+    "sk-no-thinking": {"key_alias": "no-thinking", "metadata": {"litellm_kv": {"reasoning": {"allowed": False}}}},
 }
 
 
@@ -49,6 +50,16 @@ def _chat(proxy: Proxy, key: str, **body: Any) -> httpx.Response:
 
 def _sent_upstream(url: str) -> dict[str, Any]:
     return dict(httpx.get(url + "/_requests", timeout=5).json()[-1]["body"])
+
+
+def test_reasoning_allowed_holds_against_chat_template_kwargs_in_extra_body(stack: dict[str, Any]) -> None:
+    """LiteLLM sends extra_body as top-level fields; where the proxy wrote the same field at top level, the
+    proxy's reaches the engine, with its thinking switch. The in-process fuzzing relies on this order."""
+    r = _chat(stack["proxy"], "sk-no-thinking", extra_body={"chat_template_kwargs": {"custom": 1}})
+    assert r.status_code == 200, r.text
+    up = _sent_upstream(stack["upstream"])
+    assert up["chat_template_kwargs"]["enable_thinking"] is False
+    assert up["thinking_token_budget"] == 0
 
 
 def test_reasoning_max_budget_holds_when_chat_template_kwargs_is_not_an_object(stack: dict[str, Any]) -> None:
