@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from litellm.proxy._types import ProxyException
 from PIL import Image
@@ -466,6 +466,8 @@ def test_reasoning_and_vision_limits_hold_against_any_request(case: tuple[dict[s
     body = copy.deepcopy(body)  # the hooks change the request in place; an example may run twice
     group = body["model"]
     out = asyncio.run(_run(body, auth, call_type, fail, reasoning_tokens))
+    # What the examples reached (pytest --hypothesis-show-statistics): passes and refusals per group.
+    event(f"{group}: " + ("passed" if out.passed else f"refused {out.refusal.param if out.refusal else ''}"))
     own = {f"key:{KEY_HASH}"} | ({f"team:{auth.team_id}"} if auth.team_id else set())
     # 3. Only the caller's key and team are ever charged or held, whatever the metadata says.
     assert out.scopes <= own, out.scopes - own
