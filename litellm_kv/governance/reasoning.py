@@ -365,7 +365,9 @@ def apply_decision(data: MutableMapping[str, Any], decision: ReasoningDecision, 
     """
     budget = decision.budget if decision.thinking else 0
     if group.style == "vllm":
-        data["chat_template_kwargs"] = {**(data.get("chat_template_kwargs") or {}),
+        kwargs = data.get("chat_template_kwargs")
+        # Not an object (the client's junk): the engine would refuse it, so the proxy's own replaces it.
+        data["chat_template_kwargs"] = {**(kwargs if isinstance(kwargs, Mapping) else {}),
                                         group.template_kwarg: decision.thinking}
         if budget is not None:
             data["thinking_token_budget"] = budget
