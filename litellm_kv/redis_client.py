@@ -19,6 +19,7 @@ import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal, Protocol, TypeVar
 
@@ -62,8 +63,8 @@ def connect(url: str, use: RedisUse, *, timeout_s: float | None = None) -> aiore
 
 BREAKER_OPEN = gauge(
     "redis_breaker_open",
-    "Circuit breakers of Redis stores on the routing path that are open or probing (skipping Redis), by use "
-    "(index, load, pins); 0 when every store talks to Redis.",
+    "Circuit breakers of Redis stores on the request path that are open or probing (skipping Redis), by use "
+    "(index, load, pins, budgets); 0 when every store talks to Redis.",
     ["use"],
 )
 BREAKER_OPENS = counter(
@@ -72,8 +73,9 @@ BREAKER_OPENS = counter(
 )
 CALL_FAILURES = counter(
     "redis_call_failures",
-    "Redis calls on the routing path that failed, by use and kind: deadline (no answer within "
-    "redis_routing.deadline_ms) or error (connection refused, reset, script error).",
+    "Redis calls on the request path that failed, by use and kind: deadline (no answer within "
+    "redis_routing.deadline_ms, or litellm_kv.budgets.deadline_ms for budgets) or error (connection "
+    "refused, reset, script error).",
     ["use", "kind"],
 )
 CALLS_SKIPPED = counter(
@@ -92,6 +94,15 @@ class RedisDeadlineExceeded(RedisTimeoutError):
 
 class GuardLimits(Protocol):
     """The limits of a :class:`RedisGuard` (:class:`litellm_kv.config.RedisRoutingSettings` has this shape)."""
+
+    deadline_ms: float
+    breaker_failures: int
+    breaker_cooldown_s: float
+
+
+@dataclass(slots=True)
+class GuardSettings:
+    """:class:`GuardLimits` as plain values, for stores whose settings name them otherwise (budgets)."""
 
     deadline_ms: float
     breaker_failures: int

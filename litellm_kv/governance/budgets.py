@@ -25,9 +25,10 @@ Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs 
   so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
   after their window ends.
 
-Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a
-:class:`CircuitBreaker`: after ``breaker_failures`` consecutive failures calls fail at once, without
-waiting on Redis, for ``breaker_open_s``; then one call probes it. When Redis fails, misses the
+Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a circuit breaker
+(the :class:`~litellm_kv.redis_client.RedisGuard` every request-path store uses): after
+``breaker_failures`` consecutive failures calls fail at once, without waiting on Redis, for
+``breaker_open_s``; then one call probes it. When Redis fails, misses the
 deadline or the breaker is open, ``fail_open=True`` (the default, ``on_store_error: fail_open``) lets
 the request through as if nothing had been used (the result says ``metered=False``), logs a warning
 and counts ``litellm_kv_budget_store_errors_total``; ``fail_open=False`` raises
@@ -40,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from litellm_kv.config import BudgetSettings
 from litellm_kv.errors import LiteLLMKVError
 from litellm_kv.observability import counter
+from litellm_kv.redis_client import GuardSettings, RedisDeadlineExceeded, RedisGuard, RedisSkipped, RedisUse, guarded
 from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.budgets")
@@ -69,36 +70,6 @@ DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
 
 class BudgetStoreError(LiteLLMKVError):
     """The budget store could not be read or written and the store is configured to fail closed."""
-
-
-class CircuitBreaker:
-    """Closed until ``failures`` consecutive failures; then open for ``open_s`` (callers are refused at once,
-    so a sick Redis costs no waiting); then half-open: one probe is let through, its success closes it
-    and its failure opens it again."""
-
-    def __init__(self, failures: int, open_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.failures = failures
-        self.open_s = open_s
-        self._clock = clock
-        self._consecutive = 0
-        self._opened_at: float | None = None
-
-    def allow(self) -> bool:
-        if self._opened_at is None:
-            return True
-        if self._clock() - self._opened_at < self.open_s:
-            return False
-        self._opened_at = self._clock()  # half-open: this call probes; the others wait for its outcome
-        return True
-
-    def succeeded(self) -> None:
-        self._consecutive = 0
-        self._opened_at = None
-
-    def failed(self) -> None:
-        self._consecutive += 1
-        if self._consecutive >= self.failures:
-            self._opened_at = self._clock()
 
 
 class Period(str, Enum):
@@ -359,8 +330,7 @@ class RedisPeriodBudgets:
         fail_open: bool = True,
         timeout_s: float | None = None,
         hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
-        deadline_s: float | None = None,
-        breaker: CircuitBreaker | None = None,
+        guard: RedisGuard | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
@@ -368,16 +338,15 @@ class RedisPeriodBudgets:
         self.prefix = prefix
         self.fail_open = fail_open
         self.hold_ttl_s = hold_ttl_s
-        self.deadline_s = deadline_s
-        # Without a breaker of the caller's, one that never opens: every call waits for its own answer.
-        self.breaker = breaker or CircuitBreaker(failures=2**31, open_s=0.0)
+        # Without a guard every call waits for its own answer (the client's socket timeout).
+        self.guard = guard
         self._clock = clock
         # Reservations that missed their deadline: Redis may still run them when it wakes up (the command
         # was sent), so they are released once it answers again rather than left held until they expire.
         self._unsure: list[tuple[str, str, Period, str, datetime]] = []
         self._cleanup: set[asyncio.Task[None]] = set()
         if client is None:
-            from litellm_kv.redis_client import RedisUse, connect
+            from litellm_kv.redis_client import connect
 
             client = connect(redis_url, RedisUse.BUDGETS, timeout_s=timeout_s)
         self._redis = client
@@ -399,22 +368,18 @@ class RedisPeriodBudgets:
     async def _guarded(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One Redis call under the deadline and the circuit breaker (a refusal or a missed deadline is a
         failure like any other, so callers handle all three alike)."""
-        if not self.breaker.allow():
-            raise BudgetStoreError(
-                f"circuit breaker open after {self.breaker.failures} consecutive failures; Redis is not asked "
-                f"for {self.breaker.open_s:g} s"
-            )
-        deadline = self.deadline_s
         try:
-            async with asyncio.timeout(deadline):  # None: no deadline but the socket timeout
-                result = await call()
-        except TimeoutError:
-            self.breaker.failed()
-            raise BudgetStoreError(f"no answer within the deadline of {(deadline or 0) * 1000:g} ms") from None
-        except Exception:
-            self.breaker.failed()
-            raise
-        self.breaker.succeeded()
+            result = await guarded(self.guard, call)
+        except RedisSkipped:
+            assert self.guard is not None
+            lim = self.guard.limits
+            raise BudgetStoreError(
+                f"circuit breaker open after {lim.breaker_failures} consecutive failures; Redis is not asked "
+                f"for {lim.breaker_cooldown_s:g} s"
+            ) from None
+        except RedisDeadlineExceeded:
+            assert self.guard is not None
+            raise BudgetStoreError(f"no answer within the deadline of {self.guard.limits.deadline_ms:g} ms") from None
         if self._unsure and not self._cleanup:
             spawn_held(self._cleanup, self._release_unsure())
         return result
@@ -522,6 +487,6 @@ def make_period_budgets(redis_url: str | None, options: BudgetSettings | None = 
     if redis_url:
         return RedisPeriodBudgets(
             redis_url, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
-            deadline_s=o.deadline_ms / 1000, breaker=CircuitBreaker(o.breaker_failures, o.breaker_open_s),
+            guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s)),
         )
     return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

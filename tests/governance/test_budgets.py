@@ -21,13 +21,13 @@ import pytest
 from litellm_kv.governance.budgets import (
     BudgetState,
     BudgetStoreError,
-    CircuitBreaker,
     Hold,
     MemoryPeriodBudgets,
     Period,
     PeriodBudgets,
     RedisPeriodBudgets,
 )
+from litellm_kv.redis_client import GuardSettings, RedisGuard, RedisUse
 from tools.harness.redis_server import RedisServer
 
 T0 = datetime(2025, 1, 31, 23, 59, 30, tzinfo=timezone.utc)  # a Friday, 30 s before midnight
@@ -230,10 +230,10 @@ async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is
     """Bounded waits of the period budgets: each call gives up at its deadline, and after
     ``breaker_failures`` of them calls fail at once until the breaker lets a probe through."""
     srv = RedisServer(name="redis-budgets-paused")
-    breaker = CircuitBreaker(failures=2, open_s=0.5)
-    closed = RedisPeriodBudgets(srv.url, fail_open=False, deadline_s=0.05, breaker=breaker, prefix="p")
-    open_ = RedisPeriodBudgets(srv.url, fail_open=True, deadline_s=0.05,
-                               breaker=CircuitBreaker(failures=2, open_s=0.5), prefix="p")
+    closed = RedisPeriodBudgets(srv.url, fail_open=False, prefix="p",
+                                guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(50, 2, 0.5)))
+    open_ = RedisPeriodBudgets(srv.url, fail_open=True, prefix="p",
+                               guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(50, 2, 0.5)))
     try:
         assert (await closed.reserve("key:a", M, Period.DAY, 100, 10, "h0", now=TF)).granted == 10
         assert srv.proc is not None
