@@ -22,12 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.integration.test_routing_e2e import HEADERS, KV, _config, _health, _metric
 from tests.integration.test_routing_shared import _wait_indexer
 from tools.harness.engines import EngineReplica
-from tools.harness.procs import ARTIFACTS, PYTHON, ROOT, ManagedProcess, free_port
+from tools.harness.indexer import running_indexer
 from tools.harness.proxy import Proxy, start_proxy
 from tools.harness.redis_server import RedisServer
 
@@ -53,23 +52,8 @@ def redis_srv() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def indexer(redis_srv: RedisServer, engines: list[EngineReplica]) -> Iterator[str]:
-    port = free_port()
-    cfg = {
-        "redis_url": redis_srv.url, "port": port, "heartbeat_interval_s": 1.0, "heartbeat_ttl_s": 10.0,
-        "discovery_interval_s": 1.0, "replay_timeout_s": 3.0, "redis_backoff_max_s": 1.0,
-        "model_groups": {KV: {"replicas": [{"api_base": e.api_base} for e in engines]}},
-    }
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / f"indexer-redis-faults-{port}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    proc = ManagedProcess("indexer-redis-faults", [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config", str(path)],
-                          cwd=str(ROOT))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_until(lambda: httpx.get(url + "/health", timeout=2).json()["status"] == "ok", 90, "indexer ok")
+    with running_indexer(redis_srv.url, {KV: [e.api_base for e in engines]}, "indexer-redis-faults") as url:
         yield url
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
