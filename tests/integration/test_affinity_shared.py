@@ -45,7 +45,10 @@ def fleet() -> Iterator[Fleet]:
 def pairs(fleet: Fleet, redis_server: RedisServer) -> Iterator[dict[str, list[Proxy]]]:
     started: dict[str, list[Proxy]] = {"affinity": [], "builtin": []}
     try:
-        ours = affinity_config(fleet, {"mode": "shared", "redis_url": redis_server.url})
+        # These tests measure pinning across proxies; a pin lookup past the routing deadline falls back to
+        # LiteLLM's choice (tested in test_redis_faults.py), which two proxies on 2 cores can cause.
+        ours = affinity_config(fleet, {"mode": "shared", "redis_url": redis_server.url,
+                                       "redis_routing": {"deadline_ms": 500}})
         theirs = builtin_config(fleet)
         theirs["router_settings"].update({"redis_host": "127.0.0.1", "redis_port": redis_server.port})
         for i in range(2):
