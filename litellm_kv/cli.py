@@ -51,10 +51,30 @@ def run_bench(args: argparse.Namespace) -> int:  # reached only through main()'s
     return int(cli_main(list(args.rest)) or 0)
 
 
+def _doctor(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("doctor", help="Check a running deployment end to end from its LiteLLM config: engines' "
+                                      "flags and cache settings, event streams, tokenizer, Redis and indexers "
+                                      "(see docs/troubleshooting.md).")
+    p.add_argument("--config", required=True, help="the LiteLLM config file the proxy runs with")
+    p.add_argument("--indexer", action="append", default=[], metavar="URL",
+                   help="an indexer's base URL whose /health to check (repeatable; shared mode)")
+    p.add_argument("--timeout", type=float, default=20.0, help="longest wait for one step, seconds")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON on stdout (progress on stderr)")
+    p.set_defaults(func=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from litellm_kv.doctor import DoctorOptions
+    from litellm_kv.doctor import run_doctor as doctor
+
+    return doctor(DoctorOptions(config=args.config, indexers=list(args.indexer), timeout_s=args.timeout),
+                  as_json=args.json)
+
+
 # Each entry adds one subparser and sets ``func``; other subcommands (demo, bench) register here
 # the same way.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
-    _indexer, _bench,
+    _indexer, _bench, _doctor,
 ]
 
 

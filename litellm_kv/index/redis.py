@@ -292,6 +292,18 @@ class RedisIndex:
         self.round_trips += 1
         await self._heartbeat(keys=[k.hb, GROUPS_KEY], args=[group, replica, str(int(ttl_s * 1000))])
 
+    async def heartbeats(self, group: str) -> dict[str, float]:
+        """Seconds left of each replica's heartbeat in ``group`` (negative: expired, not yet swept), as Redis's
+        clock counts them: who feeds the index (``litellm-kv doctor``)."""
+        k = self._k(group)
+        self.round_trips += 1
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.zrange(k.hb, 0, -1, withscores=True)
+            (secs, micros), entries = await pipe.execute()
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        return {_text(name): (float(deadline) - now_ms) / 1000.0 for name, deadline in entries}
+
     async def expire(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         for group in await self._groups():

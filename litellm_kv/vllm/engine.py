@@ -3,7 +3,8 @@
 Only the engine endpoints a router needs (vllm-contract.md §6): ``/tokenize`` (the exact
 chat-templated prompt tokens), ``/metrics`` (load gauges, prefix-cache counters and the cache
 config the hashes depend on), ``/kv_event_sources`` (the resolved ZMQ endpoints per DP rank)
-and ``/v1/models`` (served names and LoRA adapters with their paths).
+``/v1/models`` (served names and LoRA adapters with their paths), and one small chat completion
+(``litellm-kv doctor``'s probe of ``usage.prompt_tokens_details``).
 """
 
 from __future__ import annotations
@@ -276,6 +277,19 @@ class EngineClient:
         if not isinstance(entries, list):
             raise EngineError(f"{self.base_url}/v1/models: no 'data' list")
         return [e for e in entries if isinstance(e, dict)]
+
+    async def chat_usage(self, messages: Sequence[Mapping[str, Any]], *, max_tokens: int = 1) -> dict[str, Any]:
+        """Send one small chat completion (``litellm-kv doctor``'s probe) and return its ``usage`` object:
+        ``prompt_tokens_details.cached_tokens`` is there only when the engine runs with
+        ``--enable-prompt-tokens-details``."""
+        body: dict[str, Any] = {"messages": list(messages), "max_tokens": max_tokens, "temperature": 0.0}
+        if self.model:
+            body["model"] = self.model
+        data = await self._json("POST", "/v1/chat/completions", body)
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage, dict):
+            raise EngineError(f"{self.base_url}/v1/chat/completions: no 'usage' object in {str(data)[:200]}")
+        return usage
 
     async def health(self) -> bool:
         try:

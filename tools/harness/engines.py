@@ -10,7 +10,8 @@ Event endpoint modes (``events=``):
 * ``"tcp-connect"``: the engine's PUB *connects* to ``tcp://127.0.0.1:P``; the subscriber must
   bind that address (vLLM connects for any concrete tcp host).
 * ``"tcp-bind"``: the engine binds ``tcp://*:P``; subscribers connect to ``tcp://127.0.0.1:P``.
-The replay ROUTER is always bound by the engine on ``tcp://127.0.0.1:R``.
+* ``"off"``: no KV events at all (a misconfigured engine, for ``litellm-kv doctor``'s tests).
+The replay ROUTER is bound by the engine on ``tcp://127.0.0.1:R`` whenever events are on.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class EngineReplica:
         elif self.events == "tcp-bind":
             self.events_endpoint = f"tcp://*:{ev_port}"
             self.subscribe_endpoint = f"tcp://127.0.0.1:{ev_port}"
+        elif self.events == "off":
+            self.events_endpoint = self.subscribe_endpoint = ""  # tools/engine/serve.py then sets no --kv-events-config
         else:
             raise ValueError(f"unknown events mode {self.events!r}")
         self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"

@@ -1,0 +1,71 @@
+"""``litellm-kv doctor``: the checks in order (config, Redis and indexers, each KV-routed group's engines)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from litellm_kv.doctor.deployment import DeploymentPlan, read_deployment
+from litellm_kv.doctor.engines import GroupCheck
+from litellm_kv.doctor.report import Report, Status
+from litellm_kv.doctor.shared import check_indexers, check_redis
+from litellm_kv.errors import ConfigError
+
+
+@dataclass(slots=True)
+class DoctorOptions:
+    """What to check and how long to wait."""
+
+    config: str
+    """The LiteLLM config file (with its ``litellm_kv`` section), as the proxy is started with it."""
+    indexers: list[str] = field(default_factory=list)
+    """Indexer base URLs whose ``/health`` to read (shared mode)."""
+    timeout_s: float = 20.0
+    """Longest wait for one step (a connection, events to arrive, a probe answer)."""
+
+
+async def diagnose(opts: DoctorOptions, report: Report) -> None:
+    report.section(f"config {opts.config}")
+    try:
+        plan: DeploymentPlan = read_deployment(opts.config)
+    except ConfigError as exc:
+        report.add("config.parse", opts.config, Status.ERROR, str(exc), "fix the option the message names "
+                   "(docs/configuration.md); the proxy refuses to start with it too")
+        return
+    groups = ", ".join(f"{g.name} ({len(g.deployments)} replica(s))" for g in plan.groups) or "none"
+    report.add("config.parse", opts.config, Status.OK, f"litellm_kv section valid; mode {plan.settings.mode}; "
+               f"KV-routed groups: {groups}")
+    for name in plan.unrouted:
+        report.add("config.deployments", name, Status.ERROR,
+                   "routing: kv but no model_list entry of this model_name has an api_base",
+                   "add the group's vLLM replicas to model_list (model_name, litellm_params.api_base)")
+    if plan.settings.redis_url or plan.settings.mode == "shared" or opts.indexers:
+        report.section("redis and indexers")
+        await check_redis(plan, report, timeout_s=opts.timeout_s)
+        await check_indexers(opts.indexers, report, timeout_s=opts.timeout_s)
+    for group in plan.groups:
+        await GroupCheck(group, report, timeout_s=opts.timeout_s).run()
+
+
+def run_doctor(opts: DoctorOptions, *, as_json: bool = False, out: TextIO | None = None) -> int:
+    """Run every check; progress goes to ``out`` (stderr with ``as_json``, where stdout carries the JSON).
+    Returns the exit code: 0 when nothing is wrong (warnings allowed), 1 otherwise."""
+    from litellm_kv.doctor.report import write_json
+
+    stream = out if out is not None else (sys.stderr if as_json else sys.stdout)
+    # What the checked code logs on its own (a replica not exact, a subscriber reconnecting) is in the findings.
+    logger = logging.getLogger("litellm_kv")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    report = Report(progress=stream)
+    try:
+        asyncio.run(diagnose(opts, report))
+    finally:
+        logger.setLevel(level)
+    print(f"\n{report.summary()}", file=stream, flush=True)
+    if as_json:
+        write_json(report)
+    return report.exit_code

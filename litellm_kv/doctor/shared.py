@@ -1,0 +1,81 @@
+"""Checks of what shared mode adds: Redis reachable, and an indexer feeding every replica (its heartbeat in
+Redis, and each ``--indexer`` URL's ``/health``)."""
+
+from __future__ import annotations
+
+import httpx
+from redis.exceptions import RedisError
+
+from litellm_kv.doctor.deployment import DeploymentPlan
+from litellm_kv.doctor.report import Report, Status
+from litellm_kv.index.redis import RedisIndex
+
+FIX_INDEXER = ("run `litellm-kv indexer --config indexer.yaml` with this replica's api_base under the group "
+               "(docs/indexer.md); at least two for availability")
+
+
+async def check_redis(plan: DeploymentPlan, report: Report, *, timeout_s: float) -> None:
+    settings = plan.settings
+    url = settings.redis_url
+    shared = settings.mode == "shared"
+    if not url:
+        if shared:
+            report.add("redis.configured", "redis", Status.ERROR, "mode: shared but no redis_url",
+                       "set litellm_kv.redis_url (or LITELLM_KV_REDIS_URL)")
+        return
+    index = RedisIndex(url, socket_timeout_s=timeout_s, auto_sweep=False)
+    try:
+        try:
+            await index.ping()
+        except (RedisError, OSError) as exc:
+            report.add("redis.reachable", "redis", Status.ERROR, f"{_safe(url)}: {type(exc).__name__}: {exc}",
+                       "check litellm_kv.redis_url, that Redis runs and that this host may reach it")
+            return
+        report.add("redis.reachable", "redis", Status.OK, f"{_safe(url)} answers PING")
+        if not shared:
+            return
+        for group in plan.groups:
+            beats = await index.heartbeats(group.name)
+            for rid in group.replicas():
+                target = f"{group.name}/{rid}"
+                left = beats.get(rid)
+                if left is None:
+                    report.add("indexer.heartbeat", target, Status.ERROR,
+                               "no indexer heartbeat in Redis: no indexer follows this replica", FIX_INDEXER)
+                elif left <= 0:
+                    report.add("indexer.heartbeat", target, Status.ERROR,
+                               f"the last indexer heartbeat expired {-left:.0f}s ago (indexer down, or the engine "
+                               "does not answer it)", FIX_INDEXER)
+                else:
+                    report.add("indexer.heartbeat", target, Status.OK,
+                               f"fed by an indexer (heartbeat valid {left:.0f}s)")
+    finally:
+        await index.close()
+
+
+async def check_indexers(urls: list[str], report: Report, *, timeout_s: float) -> None:
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        for url in urls:
+            base = url.rstrip("/")
+            try:
+                resp = await http.get(base + "/health")
+                status = resp.json().get("status") if resp.headers.get("content-type", "").startswith(
+                    "application/json") else None
+            except (httpx.HTTPError, ValueError) as exc:
+                report.add("indexer.health", base, Status.ERROR, f"GET /health failed: {type(exc).__name__}: {exc}",
+                           "check the indexer's address and that it runs")
+                continue
+            if resp.status_code == 200 and status == "ok":
+                report.add("indexer.health", base, Status.OK, "status ok")
+            else:
+                report.add("indexer.health", base, Status.ERROR, f"HTTP {resp.status_code}, status {status!r}",
+                           "read the indexer's /health with its token (replicas not exact or not connected) and "
+                           "its log")
+
+
+def _safe(url: str) -> str:
+    """A Redis URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest

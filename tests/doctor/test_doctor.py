@@ -1,0 +1,148 @@
+"""``litellm-kv doctor`` as an operator runs it (the installed command, as a subprocess), against real vLLM CPU
+replicas: the demo's fleet is all green; an engine started with prefix caching, KV events and prompt-token
+details off has each problem named with its fix; shared mode finds a replica no indexer follows, on a real
+Redis, until a real ``litellm-kv indexer`` feeds it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tools.demo import KV_GROUP, proxy_config
+from tools.harness.engines import EngineReplica, start_replicas, stop_replicas
+from tools.harness.indexer import running_indexer
+from tools.harness.procs import ROOT
+from tools.harness.redis_server import RedisServer
+
+pytestmark = [pytest.mark.engine]
+
+
+def _doctor(config: dict[str, Any], tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    """Run ``litellm-kv doctor --json`` on ``config``; returns the exit code, the JSON report and the progress."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "litellm_kv.cli", "doctor", "--config", str(path), "--json",
+                           "--timeout", "30", *extra],
+                          capture_output=True, text=True, timeout=300, cwd=str(ROOT), env=env)
+    assert proc.stdout, f"no JSON on stdout; stderr:\n{proc.stderr}"
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def _by(report: dict[str, Any], check: str, target_end: str = "") -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["check"] == check and f["target"].endswith(target_end)]
+
+
+def _replica_target(r: EngineReplica) -> str:
+    return f"/http://127.0.0.1:{r.port}"
+
+
+@pytest.fixture(scope="module")
+def misconfigured(engine_model: Path) -> Iterator[EngineReplica]:
+    """One replica as a hurried operator starts it: no KV events, prefix caching and prompt-token details off."""
+    reps = start_replicas(1, kv_cache_bytes="8M", block_size=32, events="off", name_prefix="doctor-bad",
+                          extra_args=["--no-enable-prefix-caching", "--no-enable-prompt-tokens-details"])
+    try:
+        yield reps[0]
+    finally:
+        stop_replicas(reps)
+
+
+def test_the_demo_fleet_is_all_green(engines: list[EngineReplica], engine_model: Path, tmp_path: Path) -> None:
+    code, report, progress = _doctor(proxy_config(engines, str(engine_model)), tmp_path)
+    assert code == 0, progress
+    assert report["ok"] and report["errors"] == 0, progress
+    for r in engines:
+        for check in ("engine.reachable", "engine.hash_settings", "engine.prefix_caching", "engine.kv_events",
+                      "events.stream", "engine.prompt_tokens_details", "events.flow", "events.hashes",
+                      "routing.prediction"):
+            found = _by(report, check, _replica_target(r))
+            assert [f["status"] for f in found] == ["ok"], (check, found)
+        # The prediction check compared a real number: what litellm-kv predicted is what the engine reported.
+        (pred,) = _by(report, "routing.prediction", _replica_target(r))
+        assert "predicted 0 " not in pred["detail"], pred
+    assert [f["status"] for f in _by(report, "routing.exact", KV_GROUP)] == ["ok"]
+    (tok,) = _by(report, "tokenizer", KV_GROUP)
+    assert tok["status"] == "ok" and tok["detail"].startswith("local (verified"), tok
+    # Progress is shown while it runs (one heading per replica, one line per check) and ends in a summary.
+    assert progress.count("== group tiny-kv, replica") == len(engines)
+    assert "all" in progress.splitlines()[-1] and "checks passed" in progress
+
+
+def test_a_misconfigured_engine_has_each_problem_named(engines: list[EngineReplica], misconfigured: EngineReplica,
+                                                       engine_model: Path, tmp_path: Path) -> None:
+    config = proxy_config([engines[0], misconfigured], str(engine_model))
+    code, report, progress = _doctor(config, tmp_path)
+    assert code == 1, progress
+    bad = _replica_target(misconfigured)
+    errors = {f["check"]: f for f in report["findings"] if f["status"] == "error" and f["target"].endswith(bad)}
+    assert {"engine.prefix_caching", "engine.kv_events", "engine.prompt_tokens_details"} <= set(errors), progress
+    assert "--enable-prefix-caching" in errors["engine.prefix_caching"]["fix"]
+    assert "--kv-events-config" in errors["engine.kv_events"]["fix"]
+    assert "--enable-prompt-tokens-details" in errors["engine.prompt_tokens_details"]["fix"]
+    # The good replica beside it is not blamed, and the group still routes exactly over it.
+    good = _replica_target(engines[0])
+    assert not [f for f in report["findings"] if f["status"] == "error" and f["target"].endswith(good)], progress
+    assert [f["status"] for f in _by(report, "routing.prediction", good)] == ["ok"], progress
+    # The text an operator reads names each problem and its fix.
+    assert "ERROR engine.prefix_caching" in progress and "fix: start vLLM with --enable-prefix-caching" in progress
+
+
+def test_hash_settings_that_disagree_with_the_engines(engines: list[EngineReplica], engine_model: Path,
+                                                      tmp_path: Path) -> None:
+    config = proxy_config(engines[:1], str(engine_model))
+    config["litellm_kv"]["model_groups"][KV_GROUP]["kv"]["block_size"] = 16  # the engines use 32
+    code, report, progress = _doctor(config, tmp_path)
+    assert code == 1, progress
+    (found,) = _by(report, "engine.hash_settings", _replica_target(engines[0]))
+    assert found["status"] == "error" and "kv.block_size is 16 but the engine uses 32" in found["detail"]
+    assert [f["status"] for f in _by(report, "routing.exact", KV_GROUP)] == ["error"]
+
+
+def test_an_invalid_config_is_named_without_touching_engines(tmp_path: Path) -> None:
+    config = {"model_list": [], "litellm_kv": {"mode": "embedded", "model_groups": {
+        "g": {"routing": "kv", "kv": {"block_sise": 16}}}}}
+    code, report, _ = _doctor(config, tmp_path)
+    assert code == 1
+    (found,) = _by(report, "config.parse")
+    assert found["status"] == "error" and "block_sise" in found["detail"]
+
+
+@pytest.mark.redis
+def test_shared_mode_needs_an_indexer_per_replica(engines: list[EngineReplica], engine_model: Path,
+                                                  tmp_path: Path) -> None:
+    redis = RedisServer(name="doctor-redis")
+    try:
+        config = proxy_config(engines, str(engine_model))
+        config["litellm_kv"].update(mode="shared", redis_url=redis.url)
+        code, report, progress = _doctor(config, tmp_path)
+        assert code == 1, progress
+        assert [f["status"] for f in _by(report, "redis.reachable")] == ["ok"]
+        beats = _by(report, "indexer.heartbeat")
+        assert len(beats) == len(engines) and all(f["status"] == "error" for f in beats), beats
+        assert "litellm-kv indexer" in beats[0]["fix"]
+
+        with running_indexer(redis.url, {KV_GROUP: [r.api_base for r in engines]}, "doctor-indexer") as url:
+            code, report, progress = _doctor(config, tmp_path, "--indexer", url)
+        assert code == 0, progress
+        assert [f["status"] for f in _by(report, "indexer.heartbeat")] == ["ok"] * len(engines)
+        assert [f["status"] for f in _by(report, "indexer.health")] == ["ok"]
+    finally:
+        redis.stop()
+
+
+def test_an_unreachable_redis_is_an_error(engines: list[EngineReplica], engine_model: Path, tmp_path: Path) -> None:
+    config = proxy_config(engines[:1], str(engine_model))
+    config["litellm_kv"].update(mode="shared", redis_url="redis://127.0.0.1:1/0")
+    code, report, progress = _doctor(config, tmp_path)
+    assert code == 1
+    (found,) = _by(report, "redis.reachable")
+    assert found["status"] == "error" and "127.0.0.1:1" in found["detail"], progress
