@@ -215,8 +215,13 @@ class GroupCheck:
                             f"the proxy would route this group by load only: {why}", "fix the replica errors above")
         else:
             ready = sum(1 for st in self.group.fleet.replicas.values() if st.ready)
-            self.report.add("routing.exact", name, Status.OK,
-                            f"routes exactly over {ready} of {len(self.group.fleet.replicas)} replica(s)")
+            total = len(self.group.fleet.replicas)
+            if ready < total:
+                self.report.add("routing.exact", name, Status.WARN,
+                                f"routes exactly over {ready} of {total} replica(s); the others still get requests, "
+                                "with no cache credit", "fix the replica errors above")
+            else:
+                self.report.add("routing.exact", name, Status.OK, f"routes exactly over {ready} of {total} replica(s)")
         state = self.group.tokenizer_state
         opts = self.plan.options
         if state.startswith("local"):

@@ -92,6 +92,7 @@ def test_a_misconfigured_engine_has_each_problem_named(engines: list[EngineRepli
     good = _replica_target(engines[0])
     assert not [f for f in report["findings"] if f["status"] == "error" and f["target"].endswith(good)], progress
     assert [f["status"] for f in _by(report, "routing.prediction", good)] == ["ok"], progress
+    assert [f["status"] for f in _by(report, "routing.exact", KV_GROUP)] == ["warn"], progress
     # The text an operator reads names each problem and its fix.
     assert "ERROR engine.prefix_caching" in progress and "fix: start vLLM with --enable-prefix-caching" in progress
 
