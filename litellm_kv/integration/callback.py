@@ -20,6 +20,7 @@ import gc
 import importlib
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -376,6 +377,10 @@ _background: set[asyncio.Task[None]] = set()
 
 
 def _install(handler: LiteLLMKV) -> None:
+    if "litellm.proxy.proxy_server" not in sys.modules:
+        # Not loaded by a proxy (an application's own Router, scripts, tests): no routes to add, no config
+        # to read, and importing the proxy's server module here would only cost start-up time.
+        return
     try:
         from litellm_kv.integration.admin import register
 

@@ -21,7 +21,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,8 +106,11 @@ def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
 class KVRoutingHandler(Handler):
     name = "kv"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, deployments: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+        """``deployments``: the LiteLLM router's model list as it is now (default: the proxy's router; an
+        application's own ``litellm.Router`` in :mod:`litellm_kv.integration.sdk`)."""
         super().__init__(settings)
+        self._deployments = deployments or _router_deployments
         self.options: dict[str, KVRoutingSettings] = {}
         for name, g in settings.model_groups.items():
             if g.routing == "kv":
@@ -142,14 +145,17 @@ class KVRoutingHandler(Handler):
                                     guard=RedisGuard(RedisUse.INDEX, self.settings.redis_routing))
         for name, opts in self.options.items():
             self.groups[name] = KVGroup(name, opts, self.index, self.settings.redis_url, embedded, self.backend,
-                                        members=functools.partial(_group_deployments, name),
+                                        members=functools.partial(self._group_deployments, name),
                                         redis_limits=self.settings.redis_routing)
         for name, g in self.groups.items():
-            deps = _group_deployments(name)
+            deps = self._group_deployments(name)
             if deps:
                 await g.sync(deps)
             g.start()
         _register_admin_routes(self)
+
+    def _group_deployments(self, group: str) -> list[dict[str, Any]]:
+        return [d for d in self._deployments() if d.get("model_name") == group]
 
     async def shutdown(self) -> None:
         for g in self.groups.values():
@@ -188,7 +194,7 @@ class KVRoutingHandler(Handler):
         # Membership comes from the router's full model list: a deployment missing from the healthy list
         # is only cooling down, and purging its replica would throw away a cache that is still there.
         if not {str((d.get("model_info") or {}).get("id")) for d in deployments} <= g.deployment_ids:
-            await g.sync(_group_deployments(model_group) or deployments)
+            await g.sync(self._group_deployments(model_group) or deployments)
         by_replica: dict[str, dict[str, Any]] = {}
         for d in deployments:
             api_base = (d.get("litellm_params") or {}).get("api_base")
@@ -356,7 +362,7 @@ class KVRoutingHandler(Handler):
         if g is None:
             return {"error": f"model group {group!r} is not KV-routed"}
         # The same request facts as a real call (LoRA adapter, salt, media), or the answer would not be its.
-        result = await g.decide(_chat_request(body, _group_deployments(group)), list(g.fleet.replicas))
+        result = await g.decide(_chat_request(body, self._group_deployments(group)), list(g.fleet.replicas))
         hasher = g.fleet.hasher()
         out = asdict(result)
         out.pop("wire_hashes", None)
@@ -380,10 +386,6 @@ def _chat_request(req: Mapping[str, Any], deployments: Sequence[Mapping[str, Any
         has_unhashable_media=_has_media(messages or []),
         skip_prefix_cache=req.get("prompt_logprobs") is not None,
     )
-
-
-def _group_deployments(group: str) -> list[dict[str, Any]]:
-    return [d for d in _router_deployments() if d.get("model_name") == group]
 
 
 def _router_deployments() -> list[dict[str, Any]]:
