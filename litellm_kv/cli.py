@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -60,6 +61,11 @@ def _doctor(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="an indexer's base URL whose /health to check (repeatable; shared mode)")
     p.add_argument("--timeout", type=float, default=20.0, help="longest wait for one step, seconds")
     p.add_argument("--json", action="store_true", help="print the findings as JSON on stdout (progress on stderr)")
+    p.add_argument("--proxy", default=None, metavar="URL", help="the running proxy's base URL (for --key)")
+    p.add_argument("--key", default=None, help="a virtual key whose litellm_kv metadata and limits to check; "
+                                               "default from LITELLM_KV_DOCTOR_KEY")
+    p.add_argument("--admin-key", default=None, help="proxy admin key to read key and team info with; default "
+                                                     "from LITELLM_MASTER_KEY, else the key itself")
     p.set_defaults(func=run_doctor)
 
 
@@ -67,7 +73,9 @@ def run_doctor(args: argparse.Namespace) -> int:
     from litellm_kv.doctor import DoctorOptions
     from litellm_kv.doctor import run_doctor as doctor
 
-    return doctor(DoctorOptions(config=args.config, indexers=list(args.indexer), timeout_s=args.timeout),
+    return doctor(DoctorOptions(config=args.config, indexers=list(args.indexer), timeout_s=args.timeout,
+                                proxy_url=args.proxy, key=args.key or os.environ.get("LITELLM_KV_DOCTOR_KEY"),
+                                admin_key=args.admin_key or os.environ.get("LITELLM_MASTER_KEY")),
                   as_json=args.json)
 
 

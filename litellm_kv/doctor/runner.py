@@ -25,6 +25,12 @@ class DoctorOptions:
     """Indexer base URLs whose ``/health`` to read (shared mode)."""
     timeout_s: float = 20.0
     """Longest wait for one step (a connection, events to arrive, a probe answer)."""
+    proxy_url: str | None = None
+    """The running proxy's base URL, for ``key``."""
+    key: str | None = None
+    """A virtual key whose litellm-kv metadata to check (read from the proxy's ``/key/info``)."""
+    admin_key: str | None = None
+    """A proxy admin key to read the key's and its team's info with (default: the key itself)."""
 
 
 async def diagnose(opts: DoctorOptions, report: Report) -> None:
@@ -48,6 +54,15 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         await check_indexers(opts.indexers, report, timeout_s=opts.timeout_s)
     for group in plan.groups:
         await GroupCheck(group, report, timeout_s=opts.timeout_s).run()
+    if opts.key:
+        report.section("key metadata")
+        if not opts.proxy_url:
+            report.add("key.found", "key", Status.ERROR, "--key needs --proxy (the proxy's base URL)")
+            return
+        from litellm_kv.doctor.keys import check_key
+
+        await check_key(plan.settings, opts.proxy_url, opts.key, report, admin_key=opts.admin_key,
+                        timeout_s=opts.timeout_s)
 
 
 def run_doctor(opts: DoctorOptions, *, as_json: bool = False, out: TextIO | None = None) -> int:

@@ -29,7 +29,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "governance": ("vllm", *BASE),
     "services": ("routing", "vllm", "index", *BASE),
     "simulator": ("routing", "vllm", "index", *BASE),
-    "doctor": ("routing", "vllm", "index", *BASE),
+    "doctor": ("routing", "governance", "vllm", "index", *BASE),
     "integration": ("routing", "governance", "vllm", "index", *BASE),
     "cli": ("services", "simulator", "doctor", *BASE),
     # Compatibility paths of the public API (thin re-exports).

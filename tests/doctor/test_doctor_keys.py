@@ -1,0 +1,122 @@
+"""``litellm-kv doctor --key``: a virtual key's litellm-kv metadata, read from a real LiteLLM proxy on a real
+PostgreSQL (``../shared/tools/litellm-db``: LiteLLM's own ``/key/generate``, ``/team/new``, ``/key/info``,
+``/team/info``), resolved against the config with the proxy's own policy resolvers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tools.harness.procs import ROOT, free_port
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+
+pytestmark = [pytest.mark.proxy, pytest.mark.slow]
+
+DB_TOOLS = ROOT.parent / "shared" / "tools" / "litellm-db"
+if not DB_TOOLS.exists():
+    DB_TOOLS = Path("/work/shared/tools/litellm-db")
+DB_HOME = Path(os.environ.get("LITELLM_DB_HOME", Path.home() / ".cache" / "litellm-db"))
+GROUP = "thinker"
+CONFIG: dict[str, Any] = {
+    "model_list": [{"model_name": GROUP, "litellm_params": {"model": "hosted_vllm/tiny",
+                                                           "api_base": "http://127.0.0.1:9/v1", "api_key": "x"}}],
+    "litellm_kv": {"model_groups": {GROUP: {"reasoning": {"max_budget": 1024, "tokens_per_day": 100000}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def db_proxy() -> Iterator[tuple[Proxy, str]]:
+    if not (DB_TOOLS / "pg.sh").exists() or not (DB_HOME / "query-engine.mjs").exists():
+        pytest.skip("the real database path is not set up here (bash ../shared/tools/litellm-db/setup.sh .venv)")
+    run = Path(tempfile.mkdtemp(prefix="doctor-pg-"))
+    out = subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "start", str(run), str(free_port())], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    db = next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("DATABASE_URL="))
+    proxy = None
+    try:
+        subprocess.run(["bash", str(DB_TOOLS / "migrate.sh"), str(ROOT / ".venv"), db], check=True,
+                       capture_output=True, timeout=600)
+        env = {"DATABASE_URL": db, "PRISMA_QUERY_ENGINE_BINARY": str(DB_HOME / "query-engine.mjs"),
+               "PRISMA_SCHEMA_ENGINE_BINARY": str(DB_HOME / "schema-engine"),
+               "PRISMA_ENGINES_CHECKSUM_IGNORE_MISSING": "1", "PRISMA_HIDE_UPDATE_MESSAGE": "1",
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        cfg = {k: v for k, v in CONFIG.items() if k != "litellm_kv"}
+        cfg["general_settings"] = {"master_key": MASTER_KEY, "database_url": db}
+        proxy = start_proxy(cfg, name="doctor-db-proxy", env=env, timeout=240)
+        deadline = time.monotonic() + 120
+        while '"db":"connected"' not in httpx.get(f"{proxy.url}/health/readiness", timeout=10).text.replace(" ", ""):
+            assert time.monotonic() < deadline, "the proxy never connected to its database"
+            time.sleep(0.5)
+        yield proxy, db
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "stop", str(run)], check=False, timeout=60)
+
+
+def _admin(proxy: Proxy, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{proxy.url}{path}", json=body, headers=proxy.headers(), timeout=60)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def _doctor(tmp_path: Path, proxy: Proxy, key: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_MASTER_KEY"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-m", "litellm_kv.cli", "doctor", "--config", str(path), "--json",
+                           "--proxy", proxy.url, "--key", key, *extra],
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT), env=env)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def test_a_keys_limits_and_where_each_was_set(db_proxy: tuple[Proxy, str], tmp_path: Path) -> None:
+    proxy, _ = db_proxy
+    team = _admin(proxy, "/team/new", {"team_alias": "research", "metadata": {
+        "litellm_kv": {"reasoning": {"tokens_per_day": 5000}}}})
+    key = _admin(proxy, "/key/generate", {"key_alias": "bot-a", "team_id": team["team_id"],
+                                          "metadata": {"litellm_kv": {"reasoning": {"max_budget": 256}}}})["key"]
+    code, report, progress = _doctor(tmp_path, proxy, key, "--admin-key", MASTER_KEY)
+    assert code == 0, progress
+    (limits,) = [f for f in report["findings"] if f["check"] == "key.limits"]
+    assert limits["target"] == f"key 'bot-a' on {GROUP}"
+    detail = limits["detail"]
+    # The strictest value wins and names where it was set: the key's max_budget, the config's and the team's
+    # daily budgets, each on its own scope.
+    assert "max_budget=256 (key 'bot-a')" in detail, detail
+    assert "tokens_per_day=100000 charged to key 'bot-a' (config model_groups.thinker.reasoning)" in detail, detail
+    assert "tokens_per_day=5000 charged to team 'research' (team 'research')" in detail, detail
+
+
+def test_metadata_that_would_refuse_every_request_is_named(db_proxy: tuple[Proxy, str], tmp_path: Path) -> None:
+    proxy, db = db_proxy
+    key = _admin(proxy, "/key/generate", {"key_alias": "bot-b"})["key"]
+    # Stored without going through the proxy's save-time checks (a key saved before they existed, or edited in
+    # the database): the doctor must still catch it.
+    bad = json.dumps({"litellm_kv": {"reasoning": {"max_budget": "lots"}}}).replace("'", "''")
+    subprocess.run(["psql", db, "-qc", f"""UPDATE "LiteLLM_VerificationToken" SET metadata = '{bad}'::jsonb
+                    WHERE key_alias = 'bot-b'"""], check=True, capture_output=True, timeout=30)
+    code, report, progress = _doctor(tmp_path, proxy, key)  # the key reads its own info: no admin key needed
+    assert code == 1, progress
+    (err,) = [f for f in report["findings"] if f["check"] == "key.metadata"]
+    assert err["status"] == "error" and "max_budget" in err["detail"], err
+    assert "metadata.litellm_kv.reasoning" in err["fix"]
+
+
+def test_an_unknown_key_is_an_error(db_proxy: tuple[Proxy, str], tmp_path: Path) -> None:
+    proxy, _ = db_proxy
+    code, report, _ = _doctor(tmp_path, proxy, "sk-not-a-key")
+    assert code == 1
+    assert [f["status"] for f in report["findings"] if f["check"] == "key.found"] == ["error"]
