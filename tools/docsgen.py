@@ -128,6 +128,10 @@ ENV_DOCS: dict[str, str] = {
     "LITELLM_KV_INDEXER_TOKEN": "Bearer token of the indexer's HTTP API (`indexer.api_token_env` names the "
     "variable). Required when the indexer binds an address other than loopback; `docker-compose.yml` has no "
     "default for it.",
+    "LITELLM_KV_DOCTOR_KEY": "`litellm-kv doctor`: the virtual key to check when `--key` is not given (keeps "
+    "the key out of the command line and shell history).",
+    "LITELLM_MASTER_KEY": "LiteLLM's master key; `litellm-kv doctor` reads key and team info with it when "
+    "`--admin-key` is not given.",
     "CONFIG_FILE_PATH": "LiteLLM's own variable for its config file; read when the proxy module does not "
     "expose the path it was started with.",
     "TIKTOKEN_CACHE_DIR": "Where tiktoken finds its encodings. When unset, the affinity token meter points it "
