@@ -83,7 +83,7 @@ class GroupCheck:
         probe_client = EngineClient(st.api_base, timeout=max(self.timeout_s, 5.0), api_key=params.get("api_key"),
                                     model=served_model(deployment))
         try:
-            await self._events_and_probe(target, st, probe_client)
+            await self._events_and_probe(target, deployment, st, probe_client)
         finally:
             await probe_client.aclose()
 
@@ -108,7 +108,8 @@ class GroupCheck:
         self.report.add("engine.hash_settings", target, Status.OK,
                         f"block size {block_size}, {algo}: litellm-kv hashes with the same")
 
-    async def _events_and_probe(self, target: str, st: ReplicaState, client: EngineClient) -> None:
+    async def _events_and_probe(self, target: str, deployment: dict[str, Any], st: ReplicaState,
+                                client: EngineClient) -> None:
         add = self.report.add
         subs = st.subscriber if isinstance(st.subscriber, ReplicaSubscribers) else None
         if subs is None:
@@ -129,8 +130,16 @@ class GroupCheck:
             if any(not s.replay_endpoint for s in subs.subscribers):
                 add("engine.kv_replay", target, Status.WARN, "no replay endpoint: a lost batch purges the replica",
                     "add \"replay_endpoint\" to the engine's --kv-events-config")
+            binds = bool(((deployment.get("model_info") or {}).get("litellm_kv") or {}).get("bind"))
             if await _until(lambda: all(s.stats.connected for s in subs.subscribers), self.timeout_s):
                 add("events.stream", target, Status.OK, "subscribed")
+            elif binds:
+                # The engine's publisher connects to one subscriber that binds: a running proxy holds the address.
+                add("events.stream", target, Status.WARN,
+                    f"could not bind {ranks} (model_info.litellm_kv.bind): a running proxy probably holds it",
+                    "read this replica's subscriber in the proxy's GET /litellm-kv/health, or run the doctor "
+                    "while the proxy is stopped")
+                subs = None
             else:
                 add("events.stream", target, Status.ERROR,
                     f"cannot connect to the event stream ({ranks}) within {self.timeout_s:.0f}s",
