@@ -7,8 +7,12 @@
   decision and the predicted cached tokens per replica, without sending anything upstream.
 * ``GET /litellm-kv/metrics`` — litellm-kv's Prometheus metrics (also on LiteLLM's ``/metrics``
   when the ``prometheus`` callback is on).
+* ``GET /litellm-kv/metadata-schema`` — the JSON Schema of the ``litellm_kv`` object of key and team
+  metadata (any valid key may read it).
 
-All need a proxy admin key (``Authorization: Bearer <master key>`` or an admin virtual key).
+The others need a proxy admin key (``Authorization: Bearer <master key>`` or an admin virtual key).
+Registering the routes also puts :mod:`litellm_kv.integration.metadata_gate` in front of the app, so
+key and team writes with malformed litellm-kv metadata are refused before LiteLLM stores them.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations, and as
@@ -17,7 +21,10 @@ All need a proxy admin key (``Authorization: Bearer <master key>`` or an admin v
 import logging
 from typing import Any, Protocol
 
+from litellm_kv.config import Settings
+from litellm_kv.governance.metadata import metadata_json_schema
 from litellm_kv.integration.hooks import Handler
+from litellm_kv.integration.metadata_gate import install as install_metadata_gate
 from litellm_kv.redis_client import guard_status
 
 log = logging.getLogger("litellm_kv")
@@ -29,6 +36,9 @@ class HandlerSet(Protocol):
 
     @property
     def handlers(self) -> list[Handler]: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
     def handler(self, name: str) -> Handler | None: ...
 
@@ -87,5 +97,12 @@ def register(callback: HandlerSet | Handler) -> None:
         _admin(auth)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
+    @router.get("/metadata-schema")
+    async def metadata_schema(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        # Not a secret, but like LiteLLM's own /team/metadata_schema it answers authenticated callers only.
+        return metadata_json_schema(callback.settings.metadata_key)
+
     app.include_router(router)
+    # Every write of key or team metadata is checked before LiteLLM stores it (see metadata_gate).
+    install_metadata_gate(app, lambda: callback.settings.metadata_key)
     _registered = True
