@@ -20,7 +20,7 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   is the decode step the replica runs now, the slowdown a chunk of prefill pays beside running decodes.
 * **The proxy's own measurements**: streamed responses give the time from the routing decision to the
   first content chunk. The ratio of the decayed sums of measured to predicted TTFT, clamped to
-  ``correction_bounds``, corrects what the engine's figures miss (network, proxy, batching effects).
+  ``correction_min`` .. ``correction_max``, corrects what the engine's figures miss (network, proxy, batching effects).
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ class TtftSettings:
     correction_half_life: float = doc(
         "Proxy-measured TTFTs halve in weight after this many more responses.", default=200.0
     )
-    correction_bounds: tuple[float, float] = doc(
-        "Smallest and largest factor the proxy's measured/predicted TTFT ratio may apply.", default=(0.5, 4.0)
-    )
+    correction_min: float = doc("Smallest factor the proxy's measured/predicted TTFT ratio may apply.",
+                                default=0.5)
+    correction_max: float = doc("Largest factor the proxy's measured/predicted TTFT ratio may apply.",
+                                default=4.0)
 
     def validate(self) -> None:
         for name in ("prefill_s_per_token", "decode_step_s"):
@@ -107,9 +108,8 @@ class TtftSettings:
             raise ValueError("chunk_tokens must be positive")
         if not (self.half_life_requests > 0 and self.correction_half_life > 0):
             raise ValueError("half lives must be positive")
-        lo, hi = self.correction_bounds
-        if not 0 < lo <= 1.0 <= hi:
-            raise ValueError("correction_bounds must be (lo, hi) with 0 < lo <= 1 <= hi")
+        if not 0 < self.correction_min <= 1.0 <= self.correction_max:
+            raise ValueError("need 0 < correction_min <= 1 <= correction_max")
 
 
 @dataclass(slots=True, frozen=True)
@@ -255,8 +255,7 @@ class RateBook:
             b = max(1e-9, (ts - a * nt) / tt) if tt > 0 else b0
         corr = 1.0
         if lr.corr_w > 0 and lr.corr_pred > 0:
-            lo, hi = cfg.correction_bounds
-            corr = min(hi, max(lo, lr.corr_meas / lr.corr_pred))
+            corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
         lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.w, lr.corr_w)
 
     # -- the proxy's own measurements ---------------------------------------------------------------

@@ -123,7 +123,8 @@ class Simulation:
             g.running = rep.running
             g.kv_usage = rep.cache.used_fraction
             t = rep.totals
-            g.prefill_s_sum, g.prefill_count, g.prefill_tokens_sum = t.prefill_s_sum, t.prefill_count, t.prefill_tokens_sum
+            g.prefill_s_sum, g.prefill_count = t.prefill_s_sum, t.prefill_count
+            g.prefill_tokens_sum = t.prefill_tokens_sum
             g.itl_s_sum, g.itl_count, g.output_tokens_sum = t.itl_s_sum, t.itl_count, t.output_tokens_sum
 
     async def _arrive(self, req: SimRequest) -> None:
