@@ -65,7 +65,7 @@ class TtftSettings:
         "Weight of the request's predicted decode time on a replica (its mean output length × that replica's "
         "current decode step) in the cost: running decodes make every step of a busy replica slower, which "
         "a TTFT alone does not see. 0 ignores decode.",
-        default=0.1,
+        default=0.3,
     )
     output_tokens: float = doc(
         "Output tokens per request assumed before the engines' vllm:request_generation_tokens is known.",
