@@ -70,6 +70,9 @@ async def test_rates_calibrate_from_a_real_engine_and_predict_its_ttft(engines: 
         model = CostModel(CostSettings(), ttft=book.cfg)
         d = model.choose(tokens, rep.block_size, [Candidate(rep.url, rates=rates)])
         measured = min([await _stream_ttft(http, rep.url, _prompt(rng, 500)) for _ in range(3)])
+        print(f"engine rate {engine_rate * 1e6:.1f} ms/1K tokens, learned {rates.prefill_s_per_token * 1e6:.1f}; "
+              f"decode step {rates.decode_step_s * 1e3:.1f} ms; {tokens}-token prompt: predicted TTFT "
+              f"{d.ttft_s[rep.url] * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms")
         # Timing on a shared 2-core machine: a loose bound, the point is the order of magnitude (the
         # wrong default predicts ~50× too long).
         assert d.ttft_s[rep.url] < 5 * measured + 0.05, (d.ttft_s, measured)
