@@ -98,6 +98,7 @@ class RedisClusterServers:
                     "--cluster-node-timeout", str(FAILOVER_TIMEOUT_MS),
                     # A replica always stands for election (its data age is what the test measures).
                     "--cluster-replica-validity-factor", "0", "--repl-ping-replica-period", "1",
+                    "--repl-diskless-sync-delay", "0",
                     "--save", "", "--appendonly", "no", "--dir", str(d), "--protected-mode", "yes"]
             self.nodes.append(Node(f"{name}-{i}", port, argv))
         try:
@@ -143,15 +144,24 @@ class RedisClusterServers:
 
     def wait_healthy(self, timeout: float, *, masters: int = 3, replicas: int = 0) -> float:
         """Wait until every live node reports the cluster ok with ``masters`` slot owners and at least
-        ``replicas`` replicas; returns the seconds waited."""
+        ``replicas`` replicas, each replica's copy in sync with its master (a master killed before its
+        replica's first sync loses its slots' data); returns the seconds waited."""
         t0 = time.monotonic()
 
         def healthy() -> bool:
             ok, m, r = self._state()
-            return ok and m == masters and r >= replicas
+            return ok and m == masters and r >= replicas and (not replicas or self._replicas_in_sync())
 
         _wait(healthy, timeout, "cluster ok")
         return time.monotonic() - t0
+
+    def _replicas_in_sync(self) -> bool:
+        for n in self.nodes:
+            if n.alive():
+                info = n.client().info("replication")
+                if info["role"] == "slave" and info.get("master_link_status") != "up":
+                    return False
+        return True
 
     def master_for(self, key: str) -> Node:
         """The node serving ``key``'s slot now."""
@@ -173,7 +183,8 @@ class RedisSentinelServers:
         server = _exe("redis-server")
         self.master_name = master_name
         self.dir = Path(tempfile.mkdtemp(prefix="litellm-kv-sentinel-"))
-        base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+        base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+                "--repl-diskless-sync-delay", "0"]
         mport, rport = free_port(), free_port()
         self.data = [
             Node(f"{name}-a", mport, [server, "--port", str(mport), "--dir", str(self._mkdir("a")), *base]),
