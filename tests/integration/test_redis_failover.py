@@ -31,6 +31,7 @@ from tools.harness.redis_cluster import Node, RedisClusterServers, RedisSentinel
 pytestmark = [pytest.mark.engine, pytest.mark.proxy, pytest.mark.redis, pytest.mark.slow]
 HEADERS = {"Authorization": f"Bearer {MASTER_KEY}"}
 RECOVERY_LIMIT_S = 60.0
+USERS = 3  # other users sending one request after another during the failover
 
 
 @contextmanager
@@ -51,29 +52,37 @@ def _shared_stack(target: RedisSettings, engines: list[EngineReplica], engine_mo
             proxy.stop()
 
 
-def _counts(proxy: Proxy) -> tuple[float, float, float]:
-    """(exact prediction checks, predicted cached tokens, index_unavailable fallbacks) so far."""
+def _counts(proxy: Proxy) -> tuple[float, float, float, float]:
+    """(exact prediction checks, predicted cached tokens, engine-reported cached tokens, index_unavailable
+    fallbacks) so far."""
     checks = _metric(proxy, "litellm_kv_prediction_checks_total")
     predicted = _metric(proxy, "litellm_kv_predicted_cached_tokens_total")
+    actual = _metric(proxy, "litellm_kv_actual_cached_tokens_total")
     fallbacks = _metric(proxy, "litellm_kv_routing_fallbacks_total")
     return (sum(v for k, v in checks.items() if 'outcome="exact"' in k), sum(predicted.values()),
-            sum(v for k, v in fallbacks.items() if 'why="index_unavailable"' in k))
+            sum(actual.values()), sum(v for k, v in fallbacks.items() if 'why="index_unavailable"' in k))
 
 
 def _ask(proxy: Proxy, prefix: str, tag: str) -> tuple[int, bool]:
-    """One chat request; (status, whether it was routed on a predicted hit that the engine confirmed)."""
+    """One chat request; (status, whether it was routed on a predicted hit that the engine confirmed).
+
+    Other requests may run meanwhile; their prompts differ from their first block on (no cached tokens,
+    none predicted), so the token counters' deltas are this request's."""
     before = _counts(proxy)
     body = {"model": KV, "max_tokens": 2, "temperature": 0, "messages": [
         {"role": "system", "content": prefix}, {"role": "user", "content": tag}]}
     r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
     if r.status_code != 200:
         return r.status_code, False
+    cached = int((r.json().get("usage") or {}).get("prompt_tokens_details", {}).get("cached_tokens") or 0)
+    if cached == 0:
+        return 200, False
     deadline = time.monotonic() + 3.0  # the check is counted after the response went out
-    while True:
-        after = _counts(proxy)
-        if after[0] > before[0] or time.monotonic() > deadline:
-            return 200, after[0] > before[0] and after[1] > before[1]
+    after = _counts(proxy)
+    while after[2] - before[2] < cached and time.monotonic() < deadline:
         time.sleep(0.05)
+        after = _counts(proxy)
+    return 200, after[0] > before[0] and after[1] - before[1] == cached
 
 
 def _until_exact(proxy: Proxy, prefix: str, limit_s: float, codes: list[int]) -> float | None:
@@ -94,26 +103,48 @@ def _drill(proxy: Proxy, kill: Callable[[], None], failed_over: Callable[[], flo
     prefix = f"{label} failover drill, shared prefix. " * 40
     codes: list[int] = []
     assert _until_exact(proxy, prefix, 60, codes) is not None, "routing never exact before the kill"
-    fallbacks_before = _counts(proxy)[2]
+    fallbacks_before = _counts(proxy)[3]
+
+    # Other users' traffic goes on meanwhile (its own prompts, one request at a time).
+    background: list[int] = []
+    stop = threading.Event()
+
+    def other_users(user: int) -> None:
+        with httpx.Client(timeout=120) as c:
+            i = 0
+            while not stop.is_set():
+                body = {"model": KV, "max_tokens": 2, "temperature": 0,
+                        "messages": [{"role": "user", "content": f"{label} user {user} request {i} " * 20}]}
+                background.append(c.post(f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS).status_code)
+                i += 1
 
     promoted: list[float] = []
+    senders = [threading.Thread(target=other_users, args=(u,), daemon=True) for u in range(USERS)]
+    for sender in senders:
+        sender.start()
     kill()
     t_kill = time.monotonic()
     watcher = threading.Thread(target=lambda: promoted.append(failed_over()), daemon=True)
     watcher.start()
     during: list[int] = []
-    took = _until_exact(proxy, prefix, RECOVERY_LIMIT_S, during)
-    watcher.join(RECOVERY_LIMIT_S)
-    fallbacks = _counts(proxy)[2] - fallbacks_before
-    # What the indexer writes after the failover reaches the new master: a new prefix is predicted.
     fresh: list[int] = []
-    took_new = _until_exact(proxy, f"{label} after the failover, new prefix. " * 40, 30, fresh)
+    try:
+        took = _until_exact(proxy, prefix, RECOVERY_LIMIT_S, during)
+        watcher.join(RECOVERY_LIMIT_S)
+        fallbacks = _counts(proxy)[3] - fallbacks_before
+        # What the indexer writes after the failover reaches the new master: a new prefix is predicted.
+        took_new = _until_exact(proxy, f"{label} after the failover, new prefix. " * 40, 30, fresh)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(130)
     print(f"\n{label}: replica promoted {promoted[0] if promoted else float('nan'):.1f}s after the kill; "
           f"routing exact again {took if took is not None else float('nan'):.1f}s after the kill "
-          f"({len(during)} requests meanwhile, {fallbacks:.0f} load-only index_unavailable decisions); "
+          f"({len(during)} probe and {len(background)} other requests meanwhile, {fallbacks:.0f} load-only "
+          f"index_unavailable decisions); "
           f"a new prefix exact after {len(fresh)} requests ({took_new}s); status codes {sorted(set(during + fresh))}; "
           f"measured from the kill at t={t_kill:.1f}")
-    assert set(codes + during + fresh) == {200}, "a user request failed during the failover"
+    assert set(codes + during + fresh + background) == {200}, "a user request failed during the failover"
     assert promoted, "the replica was never promoted"
     assert took is not None, f"routing not exact within {RECOVERY_LIMIT_S}s of the kill"
     assert took_new is not None, "blocks stored after the failover were never predicted"
