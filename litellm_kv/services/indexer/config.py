@@ -91,6 +91,15 @@ class IndexerSettings:
     model_groups: dict[str, IndexerGroupSettings] = doc(
         "Model groups to index, keyed by LiteLLM model_name.", default_factory=dict
     )
+    split_replicas: bool = doc(
+        "Several indexers split each group's replicas between them, each config listing its share (static "
+        "assignment): replicas of a configured group that this config does not list are left alone at start "
+        "(another indexer feeds them), and one left out of every config expires after heartbeat_ttl_s. "
+        "false: this config lists every replica of its groups, and one removed from it is purged when the "
+        "indexer starts. Without a split, any number of indexers may each follow every replica (Redis applies "
+        "each batch once).",
+        default=False,
+    )
     host: str = doc(
         "Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics). Loopback by default; "
         "any other address needs an API token (api_token_env or api_token), or the indexer refuses to start.",

@@ -112,8 +112,9 @@ class Indexer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._purge_unconfigured()
+        if not self.cfg.split_replicas:  # with a split, the replicas not listed here are another indexer's
+            with contextlib.suppress(RedisError, OSError):
+                await self._purge_unconfigured()
         for rt in self.replicas.values():
             await self._bring_up(rt)
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="kv-indexer-maintain")
