@@ -177,6 +177,92 @@ class RedisRoutingSettings:
 
 
 @dataclass(slots=True)
+class RedisSentinelSettings:
+    """A Redis master found through Sentinel (``redis.sentinel``): redis-py's ``Sentinel`` client asks the
+    sentinels for the current master and asks again after a failover."""
+
+    master: str = doc("Name of the monitored master (the name in the sentinels' 'sentinel monitor <name> ...').")
+    nodes: list[str] = doc("The sentinels, as host:port (at least one; list them all so any can answer).")
+    username: str | None = doc("Username of the sentinels themselves (ACL), when they require one.", default=None)
+    password: str | None = doc(
+        "Password of the sentinels themselves (their requirepass), when they require one; the master's own "
+        "credentials are the enclosing redis.username / redis.password.",
+        default=None,
+    )
+
+    def validate(self) -> None:
+        if not self.master:
+            raise ValueError("master must name the monitored master")
+        if not self.nodes:
+            raise ValueError("nodes must list at least one sentinel (host:port)")
+        for node in self.nodes:
+            host_port(node)
+
+
+@dataclass(slots=True)
+class RedisSettings:
+    """Where a Redis lives and how to log in (``litellm_kv.redis``, ``litellm_kv.budgets.redis``, the indexer's
+    ``redis``): exactly one of ``url`` (one server), ``cluster_nodes`` (Redis Cluster, through redis-py's
+    ``RedisCluster``) or ``sentinel`` (a master found through Redis Sentinel). Credentials and TLS are
+    redis-py's own connection options and apply to every server of the cluster or to the sentinel's master.
+    """
+
+    url: str | None = doc(
+        "One Redis server: redis://[[user]:password@]host:port/db, rediss:// for TLS.", default=None
+    )
+    cluster_nodes: list[str] | None = doc(
+        "Redis Cluster: some of its nodes as host:port (the client learns the rest and follows failovers and "
+        "resharding). Every key litellm-kv writes carries a hash tag, so one model group's index, load and "
+        "pins, and one budget scope's counters, each live in one slot.",
+        default=None,
+    )
+    sentinel: RedisSentinelSettings | None = doc(
+        "Redis Sentinel: the master's name and the sentinels (see 'redis.sentinel').", default=None
+    )
+    username: str | None = doc("Username (Redis ACL) of the data servers; with url, the URL's own wins.",
+                               default=None)
+    password: str | None = doc(
+        "Password of the data servers (use os.environ/NAME to keep it out of the file); with url, the URL's own "
+        "wins.",
+        default=None,
+    )
+    db: int = doc("Database number (single server or sentinel; a cluster has only database 0).", default=0)
+    ssl: bool = doc("TLS to the data servers (a rediss:// url implies it).", default=False)
+    ssl_ca_certs: str | None = doc("TLS: file of the CA certificates that sign the servers' certificates.",
+                                   default=None)
+    ssl_certfile: str | None = doc("TLS: client certificate file (mutual TLS).", default=None)
+    ssl_keyfile: str | None = doc("TLS: client key file (mutual TLS).", default=None)
+    ssl_cert_reqs: typing.Literal["required", "optional", "none"] = doc(
+        "TLS: whether the server's certificate must verify ('none' only for tests).", default="required"
+    )
+    ssl_check_hostname: bool = doc("TLS: check that the certificate names the host connected to.",
+                                   default=True)
+
+    def validate(self) -> None:
+        given = [name for name, v in (("url", self.url), ("cluster_nodes", self.cluster_nodes),
+                                      ("sentinel", self.sentinel)) if v]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of url, cluster_nodes, sentinel (got {given or 'none'})")
+        for node in self.cluster_nodes or ():
+            host_port(node)
+        if self.cluster_nodes and self.db:
+            raise ValueError("a Redis Cluster has only database 0")
+
+    @property
+    def kind(self) -> typing.Literal["single", "cluster", "sentinel"]:
+        return "cluster" if self.cluster_nodes else "sentinel" if self.sentinel else "single"
+
+
+def host_port(node: str) -> tuple[str, int]:
+    """``host:port`` (or ``[v6]:port``, or ``redis://host:port``) as a pair; a ValueError names a bad one."""
+    text = node.split("://", 1)[-1].rstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{node!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(slots=True)
 class BudgetSettings:
     """How period budgets (reasoning and visual tokens) use their store (``litellm_kv.budgets``)."""
 
@@ -210,6 +296,12 @@ class BudgetSettings:
         "tokens no longer count as held in the meantime.",
         default=900.0,
     )
+    redis: RedisSettings | None = doc(
+        "A Redis of their own for period budgets (which need persistence: AOF or RDB snapshots, and a "
+        "replica) when the index and load live in one that need not persist. None: the one of "
+        "litellm_kv.redis / redis_url (or in memory without one).",
+        default=None,
+    )
 
     def validate(self) -> None:
         if self.deadline_ms <= 0:
@@ -231,7 +323,16 @@ class Settings:
     )
     redis_url: str | None = doc(
         "Redis URL for shared mode, period budgets and cross-proxy load (redis://[:password@]host:port/db, "
-        "rediss:// for TLS). Falls back to the environment variable LITELLM_KV_REDIS_URL.",
+        "rediss:// for TLS): the short form of redis: {url: ...}. Falls back to the environment variable "
+        "LITELLM_KV_REDIS_URL.",
+        default=None,
+    )
+    redis: RedisSettings | None = doc(
+        "The Redis of shared mode, period budgets, cross-proxy load and affinity pins: one server, a Redis "
+        "Cluster or a Sentinel-managed master (see 'redis'). Which wins: this, then redis_url, then "
+        "LITELLM_KV_REDIS_URL, then LiteLLM's own cache Redis (litellm_settings.cache: true with "
+        "cache_params.type redis, as LiteLLM reads it: url/host/port/password/ssl, redis_startup_nodes, "
+        "sentinel_nodes + service_name, and the REDIS_* environment variables); none of these: in memory.",
         default=None,
     )
     metadata_key: str = doc(
@@ -263,6 +364,18 @@ class Settings:
 
     def group(self, name: str) -> ModelGroupSettings | None:
         return self.model_groups.get(name)
+
+    def redis_for(self, use: typing.Literal["index", "load", "pins", "budgets"] = "index") -> RedisSettings | None:
+        """The Redis a store uses (budgets may have their own), or None when there is none (in memory)."""
+        if use == "budgets" and self.budgets.redis is not None:
+            return self.budgets.redis
+        if self.redis is not None:
+            return self.redis
+        return RedisSettings(url=self.redis_url) if self.redis_url else None
+
+    def validate(self) -> None:
+        if self.redis is not None and self.redis_url and (self.redis.url != self.redis_url):
+            raise ValueError("set either redis_url or redis, not both (redis_url is the short form of redis.url)")
 
 
 # Placeholders this project has shipped (the compose file's old default): a deployment that kept one
@@ -314,11 +427,79 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         raise ConfigError(f"cannot read litellm-kv config {p}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+    whole = raw
     if isinstance(raw, dict) and "litellm_kv" in raw:
         raw = raw["litellm_kv"]
     settings = parse_section(Settings, raw, "litellm_kv")
-    if settings.redis_url is None:
+    if settings.redis_url is None and settings.redis is None:
         settings.redis_url = os.environ.get("LITELLM_KV_REDIS_URL")
+    if settings.redis_for() is None and isinstance(whole, dict):
+        try:
+            settings.redis = litellm_cache_redis(whole)
+        except ValueError as exc:
+            raise ConfigError(f"litellm_settings.cache_params (LiteLLM's Redis, used by litellm-kv): {exc}") from exc
     if tenant_isolated_groups(settings):
         salt_secret(settings)  # refuse to start without a real secret, rather than isolate with a guessable one
     return settings
+
+
+def _env_ref(value: Any) -> Any:
+    """LiteLLM's ``os.environ/NAME`` form in its cache_params (LiteLLM reads those itself, litellm-kv's own
+    section is resolved when parsed)."""
+    if isinstance(value, str) and value.startswith("os.environ/"):
+        return os.environ.get(value.removeprefix("os.environ/"))
+    return value
+
+
+def _json_env(name: str) -> Any:
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        return yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from exc
+
+
+def litellm_cache_redis(litellm_config: dict[str, Any]) -> RedisSettings | None:
+    """The Redis of LiteLLM's own cache (``litellm_settings.cache: true``, ``cache_params.type: redis``, the
+    default type), read as LiteLLM 1.110 reads it: a cluster from ``redis_startup_nodes`` (or the
+    REDIS_CLUSTER_NODES variable), else a Sentinel master from ``sentinel_nodes`` + ``service_name`` (or
+    REDIS_SENTINEL_NODES / REDIS_SERVICE_NAME), else ``url``, else ``host``/``port``, else REDIS_URL, else
+    REDIS_HOST/REDIS_PORT; password, username and ssl from cache_params or REDIS_PASSWORD / REDIS_USERNAME /
+    REDIS_SSL. None when LiteLLM has no Redis cache."""
+    ls = litellm_config.get("litellm_settings")
+    if not isinstance(ls, dict) or ls.get("cache") is not True:
+        return None
+    params = {k: _env_ref(v) for k, v in (ls.get("cache_params") or {}).items()}
+    if params.get("type", "redis") != "redis":
+        return None
+    env = os.environ
+    ssl = params.get("ssl")
+    common: dict[str, Any] = {
+        "password": params.get("password") or env.get("REDIS_PASSWORD") or None,
+        "username": params.get("username") or env.get("REDIS_USERNAME") or None,
+        "ssl": bool(ssl) if ssl is not None else env.get("REDIS_SSL", "").lower() == "true",
+    }
+    scheme = "rediss" if common["ssl"] else "redis"
+    nodes = params.get("redis_startup_nodes") or _json_env("REDIS_CLUSTER_NODES")
+    sentinels = params.get("sentinel_nodes") or _json_env("REDIS_SENTINEL_NODES")
+    service = params.get("service_name") or env.get("REDIS_SERVICE_NAME")
+    if nodes:
+        found = RedisSettings(cluster_nodes=[f"{n['host']}:{n['port']}" for n in nodes], **common)
+    elif sentinels and service:
+        found = RedisSettings(sentinel=RedisSentinelSettings(
+            master=str(service), nodes=[f"{h}:{p}" for h, p in sentinels],
+            password=params.get("sentinel_password") or env.get("REDIS_SENTINEL_PASSWORD") or None), **common)
+    elif params.get("url"):
+        found = RedisSettings(url=str(params["url"]), **common)
+    elif params.get("host"):
+        found = RedisSettings(url=f"{scheme}://{params['host']}:{params.get('port') or 6379}", **common)
+    elif env.get("REDIS_URL"):
+        found = RedisSettings(url=env["REDIS_URL"], **common)
+    elif env.get("REDIS_HOST"):
+        found = RedisSettings(url=f"{scheme}://{env['REDIS_HOST']}:{env.get('REDIS_PORT') or 6379}", **common)
+    else:
+        return None
+    found.validate()
+    return found

@@ -6,6 +6,11 @@ but fall back to load-only routing on error, budgets decide whether a request ma
 steer a provider's prompt cache. Keeping the table here means a change of timeout or retry policy is one
 edit, and a reader sees every client litellm-kv opens.
 
+The Redis may be one server (a URL), a Redis Cluster (redis-py's ``RedisCluster``: it learns the slot map,
+follows MOVED/ASK and a replica's promotion) or a master found through Sentinel (redis-py's ``Sentinel``:
+it asks the sentinels for the master again when a connection fails). Every script litellm-kv runs touches
+the keys of one hash tag, so each is served by one cluster node.
+
 Calls on the routing request path also go through a :class:`RedisGuard`: a per-call deadline and a
 circuit breaker. A socket timeout alone lets a paused Redis (the server accepts connections but never
 answers) hold every routed request for the whole timeout; the deadline bounds that wait, and after
@@ -24,6 +29,10 @@ from enum import Enum
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -49,14 +58,136 @@ TIMEOUTS_S: Final[dict[RedisUse, float]] = {
 }
 
 
-def connect(url: str, use: RedisUse, *, timeout_s: float | None = None) -> aioredis.Redis:
-    """A client for ``url`` (``redis://`` or ``rediss://`` for TLS; password and database from the URL).
+RedisClient = aioredis.Redis | RedisCluster
+"""What :func:`connect` returns: a client of one server (or of a Sentinel-managed master), or of a cluster."""
+
+
+class SentinelTarget(Protocol):
+    """The sentinels of a master (:class:`litellm_kv.config.RedisSentinelSettings` has this shape)."""
+
+    @property
+    def master(self) -> str: ...
+    @property
+    def nodes(self) -> list[str]: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+
+
+class RedisTarget(Protocol):
+    """Where a Redis is and how to log in (:class:`litellm_kv.config.RedisSettings` has this shape)."""
+
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def cluster_nodes(self) -> list[str] | None: ...
+    @property
+    def sentinel(self) -> SentinelTarget | None: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+    @property
+    def db(self) -> int: ...
+    @property
+    def ssl(self) -> bool: ...
+    @property
+    def ssl_ca_certs(self) -> str | None: ...
+    @property
+    def ssl_certfile(self) -> str | None: ...
+    @property
+    def ssl_keyfile(self) -> str | None: ...
+    @property
+    def ssl_cert_reqs(self) -> str: ...
+    @property
+    def ssl_check_hostname(self) -> bool: ...
+
+
+class _ClusterClient(RedisCluster):
+    """redis-py's async ``RedisCluster`` whose first command sets the client up alone: in redis-py 8.1 commands
+    sent concurrently to a client that has not yet learnt the cluster (a proxy's first routed requests)
+    race in that set-up and fail ('NoneType' object has no attribute 'writelines'); once set up, they do
+    not (tests/index/test_index_contract.py[cluster], tests/routing/test_affinity.py[cluster])."""
+
+    _first: asyncio.Lock | None = None
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            if self._first is None:
+                self._first = asyncio.Lock()
+            async with self._first:
+                if self._initialize:
+                    await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
+def _host_port(node: str) -> tuple[str, int]:
+    text = node.split("://", 1)[-1].rstrip("/")
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tls(target: RedisTarget) -> dict[str, Any]:
+    if not target.ssl:
+        return {}
+    return {"ssl": True, "ssl_ca_certs": target.ssl_ca_certs, "ssl_certfile": target.ssl_certfile,
+            "ssl_keyfile": target.ssl_keyfile, "ssl_cert_reqs": target.ssl_cert_reqs,
+            "ssl_check_hostname": target.ssl_check_hostname}
+
+
+def connect(target: str | RedisTarget, use: RedisUse, *, timeout_s: float | None = None) -> RedisClient:
+    """A client for ``target``: a URL (``redis://`` or ``rediss://`` for TLS; password and database from the
+    URL) or :class:`RedisTarget` settings (one server, a cluster, or a master through Sentinel).
 
     ``timeout_s`` overrides the use's default socket and connect timeout (a store's own setting).
-    No connection is opened until the first command.
+    No connection is opened until the first command. A command that meets a broken connection is retried
+    twice after a short back-off (a failover moves the master; the retry reaches the new one once the cluster
+    or the sentinels have promoted it); routing-path callers bound the whole wait with a :class:`RedisGuard`.
     """
     t = TIMEOUTS_S[use] if timeout_s is None else timeout_s
-    return aioredis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+    timeouts: dict[str, Any] = {"socket_timeout": t, "socket_connect_timeout": t}
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 2)
+    if isinstance(target, str):
+        return aioredis.Redis.from_url(target, retry=retry, **timeouts)
+    auth: dict[str, Any] = {"username": target.username, "password": target.password}
+    if target.cluster_nodes:
+        nodes = [ClusterNode(*_host_port(n)) for n in target.cluster_nodes]
+        return _ClusterClient(startup_nodes=nodes, retry=retry, **auth, **timeouts, **_tls(target))
+    if target.sentinel is not None:
+        s = target.sentinel
+        sentinel = Sentinel([_host_port(n) for n in s.nodes],
+                            sentinel_kwargs={"username": s.username, "password": s.password, **timeouts},
+                            retry=retry, **timeouts)
+        return sentinel.master_for(s.master, db=target.db, **auth, **_tls(target))
+    url = str(target.url)
+    extra = {k: v for k, v in auth.items() if v is not None}
+    if target.db:
+        extra["db"] = target.db
+    return aioredis.Redis.from_url(url, retry=retry, **timeouts, **extra, **_tls(target))
+
+
+def describe(target: str | RedisTarget) -> str:
+    """Where ``target`` points, without credentials (for logs)."""
+    if isinstance(target, str):
+        scheme, sep, rest = target.partition("://")
+        return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else target
+    if target.cluster_nodes:
+        return "cluster " + ",".join(target.cluster_nodes)
+    if target.sentinel is not None:
+        return f"sentinel {target.sentinel.master}@" + ",".join(target.sentinel.nodes)
+    return describe(str(target.url))
+
+
+async def used_memory(client: RedisClient) -> int:
+    """``used_memory`` in bytes, summed over a cluster's masters."""
+    if isinstance(client, RedisCluster):
+        info = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        # One node answers its own dict; several answer {node name: dict}.
+        if "used_memory" in info:
+            return int(info["used_memory"])
+        return sum(int(v["used_memory"]) for v in info.values())
+    return int((await client.info("memory"))["used_memory"])
 
 
 # -- bounded waits ----------------------------------------------------------------------------------------

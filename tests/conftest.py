@@ -5,6 +5,10 @@ cache = 256 blocks each so a modest workload forces eviction, KV events over ipc
 replay socket), started once per test session and stopped at its end. Tests must not assume
 the caches are empty: other tests share the replicas. A test that kills or restarts a replica
 must leave it running again (``EngineReplica.restart()``).
+
+``redis_cluster`` (3 masters + 3 replicas) and ``redis_sentinel`` (master + replica + 3 sentinels): real
+servers, started on first use and shared by the session's store contract suites (each test flushes them).
+A test that kills a node must leave the setup healthy again (restart the node, wait for it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tools.harness.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
+from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +37,21 @@ def engines(engine_model: Path) -> Iterator[list[EngineReplica]]:
         yield reps
     finally:
         stop_replicas(reps)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    cluster = RedisClusterServers(name="redis-cluster")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinelServers]:
+    setup = RedisSentinelServers(name="redis-sentinel")
+    try:
+        yield setup
+    finally:
+        setup.stop()

@@ -43,6 +43,8 @@ PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.config.RedisRoutingSettings": ("proxy", "litellm_kv.redis_routing"),
     "litellm_kv.config.ModelGroupSettings": ("proxy", "litellm_kv.model_groups.<group>"),
     "litellm_kv.config.BudgetSettings": ("proxy", "litellm_kv.budgets"),
+    "litellm_kv.config.RedisSettings": ("proxy", "litellm_kv.redis"),
+    "litellm_kv.config.RedisSentinelSettings": ("proxy", "litellm_kv.redis.sentinel"),
     "litellm_kv.routing.options.KVRoutingSettings": ("proxy", "litellm_kv.model_groups.<group>.kv"),
     "litellm_kv.routing.cost.CostSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),
     "litellm_kv.routing.load.LoadSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.load"),

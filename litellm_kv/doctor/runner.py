@@ -48,7 +48,7 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         report.add("config.deployments", name, Status.ERROR,
                    "routing: kv but no model_list entry of this model_name has an api_base",
                    "add the group's vLLM replicas to model_list (model_name, litellm_params.api_base)")
-    if plan.settings.redis_url or plan.settings.mode == "shared" or opts.indexers:
+    if plan.settings.redis_for("index") is not None or plan.settings.mode == "shared" or opts.indexers:
         report.section("redis and indexers")
         await check_redis(plan, report, timeout_s=opts.timeout_s)
         await check_indexers(opts.indexers, report, timeout_s=opts.timeout_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 from redis.exceptions import RedisError
 
+from litellm_kv.config import RedisSettings
 from litellm_kv.doctor.deployment import DeploymentPlan
 from litellm_kv.doctor.report import Report, Status
 from litellm_kv.index.redis import RedisIndex
@@ -16,22 +17,23 @@ FIX_INDEXER = ("run `litellm-kv indexer --config indexer.yaml` with this replica
 
 async def check_redis(plan: DeploymentPlan, report: Report, *, timeout_s: float) -> None:
     settings = plan.settings
-    url = settings.redis_url
+    redis = settings.redis_for("index")
     shared = settings.mode == "shared"
-    if not url:
+    if redis is None:
         if shared:
-            report.add("redis.configured", "redis", Status.ERROR, "mode: shared but no redis_url",
-                       "set litellm_kv.redis_url (or LITELLM_KV_REDIS_URL)")
+            report.add("redis.configured", "redis", Status.ERROR, "mode: shared but no Redis configured",
+                       "set litellm_kv.redis (or redis_url, or LITELLM_KV_REDIS_URL)")
         return
-    index = RedisIndex(url, socket_timeout_s=timeout_s, auto_sweep=False)
+    url = _describe(redis)
+    index = RedisIndex(redis, socket_timeout_s=timeout_s, auto_sweep=False)
     try:
         try:
             await index.ping()
         except (RedisError, OSError) as exc:
-            report.add("redis.reachable", "redis", Status.ERROR, f"{_safe(url)}: {type(exc).__name__}: {exc}",
-                       "check litellm_kv.redis_url, that Redis runs and that this host may reach it")
+            report.add("redis.reachable", "redis", Status.ERROR, f"{url}: {type(exc).__name__}: {exc}",
+                       "check litellm_kv.redis, that Redis runs and that this host may reach it")
             return
-        report.add("redis.reachable", "redis", Status.OK, f"{_safe(url)} answers PING")
+        report.add("redis.reachable", "redis", Status.OK, f"{url} answers PING")
         if not shared:
             return
         for group in plan.groups:
@@ -71,6 +73,17 @@ async def check_indexers(urls: list[str], report: Report, *, timeout_s: float) -
                 report.add("indexer.health", base, Status.ERROR, f"HTTP {resp.status_code}, status {status!r}",
                            "read the indexer's /health with its token (replicas not exact or not connected) and "
                            "its log")
+
+
+def _describe(target: RedisSettings) -> str:
+    """Where the Redis is, for a report line (no password)."""
+    if target.url:
+        return _safe(target.url)
+    if target.cluster_nodes:
+        return "cluster " + ",".join(target.cluster_nodes)
+    if target.sentinel is not None:
+        return f"sentinel master {target.sentinel.master}"
+    return "redis"
 
 
 def _safe(url: str) -> str:

@@ -50,7 +50,15 @@ from typing import Any, Protocol
 from litellm_kv.config import BudgetSettings
 from litellm_kv.errors import LiteLLMKVError
 from litellm_kv.observability import counter
-from litellm_kv.redis_client import GuardSettings, RedisDeadlineExceeded, RedisGuard, RedisSkipped, RedisUse, guarded
+from litellm_kv.redis_client import (
+    GuardSettings,
+    RedisDeadlineExceeded,
+    RedisGuard,
+    RedisSkipped,
+    RedisTarget,
+    RedisUse,
+    guarded,
+)
 from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv.governance.budgets")
@@ -285,7 +293,8 @@ class MemoryPeriodBudgets:
 # One script for every operation, so each is atomic across proxies (redis-py's register_script runs
 # it by SHA and reloads it after a SCRIPT FLUSH). KEYS: usage, holds (id -> amount), hold_until
 # (id -> expiry). ARGV: op, hold id, amount (-1: all that is left), limit, now, hold expiry, key expiry.
-# Returns {granted or new usage, usage before, live holds before}.
+# Returns {granted or new usage, usage before, live holds before} ('charge': {new usage, 0, 0}). All three
+# keys carry the scope's hash tag, so a Redis Cluster runs each call on one node.
 _SCRIPT = """
 local used_key, holds_key, until_key = KEYS[1], KEYS[2], KEYS[3]
 local op, hold, amount, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -293,6 +302,11 @@ local hold_until, expire_at = ARGV[6], ARGV[7]
 local expired = redis.call('ZRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5])
 for _, id in ipairs(expired) do redis.call('HDEL', holds_key, id) end
 if #expired > 0 then redis.call('ZREMRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5]) end
+if op == 'charge' then
+  local total = redis.call('INCRBY', used_key, amount)
+  redis.call('EXPIREAT', used_key, expire_at)
+  return {total, 0, 0}
+end
 if op ~= 'check' then
   redis.call('HDEL', holds_key, hold)
   redis.call('ZREM', until_key, hold)
@@ -324,7 +338,7 @@ class RedisPeriodBudgets:
 
     def __init__(
         self,
-        redis_url: str,
+        target: str | RedisTarget,
         *,
         prefix: str = "litellm_kv",
         fail_open: bool = True,
@@ -334,7 +348,6 @@ class RedisPeriodBudgets:
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
-        self.redis_url = redis_url
         self.prefix = prefix
         self.fail_open = fail_open
         self.hold_ttl_s = hold_ttl_s
@@ -348,7 +361,7 @@ class RedisPeriodBudgets:
         if client is None:
             from litellm_kv.redis_client import connect
 
-            client = connect(redis_url, RedisUse.BUDGETS, timeout_s=timeout_s)
+            client = connect(target, RedisUse.BUDGETS, timeout_s=timeout_s)
         self._redis = client
         self._script = client.register_script(_SCRIPT)
 
@@ -422,17 +435,8 @@ class RedisPeriodBudgets:
         self, scope: str, meter: str, period: Period, amount: int, now: datetime | None = None
     ) -> int:
         now = now or self._clock()
-        key = self.key(scope, meter, period, now)
-        expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
-
-        async def incr() -> Any:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.incrby(key, amount)
-                pipe.expireat(key, expire_at)
-                return await pipe.execute()
-
         try:
-            total, _ = await self._guarded(incr)
+            total, _, _ = await self._run("charge", scope, meter, period, now, amount=amount)
         except Exception as exc:
             self._failed("charge", exc)
             return 0
@@ -480,13 +484,13 @@ class RedisPeriodBudgets:
             await self._redis.aclose()
 
 
-def make_period_budgets(redis_url: str | None, options: BudgetSettings | None = None) -> PeriodBudgets:
-    """Redis-backed budgets when a URL is configured (shared mode), otherwise in-process ones, both as
-    ``options`` (``litellm_kv.budgets``) say."""
+def make_period_budgets(target: str | RedisTarget | None, options: BudgetSettings | None = None) -> PeriodBudgets:
+    """Redis-backed budgets when a Redis is configured (a URL or settings), otherwise in-process ones, both
+    as ``options`` (``litellm_kv.budgets``) say."""
     o = options or BudgetSettings()
-    if redis_url:
+    if target:
         return RedisPeriodBudgets(
-            redis_url, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
+            target, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
             guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s)),
         )
     return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

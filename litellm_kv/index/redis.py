@@ -12,8 +12,12 @@ group in one slot and shards by group; scripts only touch keys of one group):
 ``lkv:{G}:retired``          set: ids of purged replicas whose entries are still being swept
 ``lkv:{G}:hb``               sorted set: replica -> heartbeat deadline (Redis server time, ms)
 ``lkv:{G}:streams``          hash: event stream -> ``<last applied seq>|<its ts>`` (HA dedupe)
-``lkv:groups``               set of group names (untagged; read by :meth:`expire` and ``size``)
+``lkv:groups``               set of group names (untagged: its own slot; read by :meth:`expire` and ``size``)
 ==========================  =====================================================================
+
+No script touches ``lkv:groups``: it is written by a plain ``SADD`` of its own (a group's first write in
+this process, and every heartbeat, so a registry lost in a failover is rebuilt within a heartbeat), so
+every script's keys share one hash tag and a Redis Cluster serves each script on one node.
 
 Round trips: :meth:`lookup` is **one** ``EVALSHA`` for a whole prompt: the script walks the chain
 in chunks of 64 fields and stops when every replica has missed (hashes are chained, so nothing
@@ -55,12 +59,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from litellm_kv.index.base import BlockOp, ReplicaMatch, ScriptRider
-from litellm_kv.redis_client import RedisGuard, RedisUse, connect, guarded
+from litellm_kv.redis_client import RedisClient, RedisGuard, RedisTarget, RedisUse, connect, describe, guarded
+from litellm_kv.redis_client import used_memory as redis_used_memory
 from litellm_kv.tasks import cancel_and_wait
 
 KEY_PREFIX = "lkv"
@@ -195,8 +199,9 @@ def _text(value: Any) -> str:
 
 
 class RedisIndex:
-    """:class:`~litellm_kv.index.base.KVIndex` in Redis (``redis://``, ``rediss://`` for TLS,
-    password and database number from the URL).
+    """:class:`~litellm_kv.index.base.KVIndex` in Redis: ``target`` is a URL (``redis://``, ``rediss://`` for
+    TLS, password and database number from the URL) or :class:`~litellm_kv.redis_client.RedisTarget`
+    settings (one server, a Redis Cluster, a master through Sentinel).
 
     ``sweep_step``: entries stripped per cleanup script after a purge; ``auto_sweep``: run that
     cleanup in a background task of this process (else only explicit :meth:`sweep` calls).
@@ -205,11 +210,12 @@ class RedisIndex:
     """
 
     def __init__(
-        self, url: str, *, client: aioredis.Redis | None = None, socket_timeout_s: float | None = None,
-        sweep_step: int = SWEEP_STEP, auto_sweep: bool = True, guard: RedisGuard | None = None,
+        self, target: str | RedisTarget, *, client: RedisClient | None = None,
+        socket_timeout_s: float | None = None, sweep_step: int = SWEEP_STEP, auto_sweep: bool = True,
+        guard: RedisGuard | None = None,
     ):
-        self.url = url
-        self.client: aioredis.Redis = client or connect(url, RedisUse.INDEX, timeout_s=socket_timeout_s)
+        self.url = describe(target)  # where it points, without credentials
+        self.client: RedisClient = client or connect(target, RedisUse.INDEX, timeout_s=socket_timeout_s)
         self._apply = self.client.register_script(_APPLY)
         self._lookup = self.client.register_script(_LOOKUP)
         self._riding: dict[str, AsyncScript] = {}  # rider Lua -> the lookup script carrying it
@@ -224,6 +230,7 @@ class RedisIndex:
         self.auto_sweep = auto_sweep  # False: only explicit sweep() calls clean up after purges
         self.round_trips = 0  # client calls sent to Redis (a script or pipeline counts once)
         self.guard = guard
+        self._registered: set[str] = set()  # groups this process has added to lkv:groups
 
     def _k(self, group: str) -> _GroupKeys:
         keys = self._keys.get(group)
@@ -261,11 +268,13 @@ class RedisIndex:
         """
         k = self._k(group)
         args: list[bytes | str] = [
-            group, k.rev_prefix, replica, stream or replica, str(seq), repr(float(ts)), "1" if force else "0"
+            k.rev_prefix, replica, stream or replica, str(seq), repr(float(ts)), "1" if force else "0"
         ]
         args.extend(_encode_ops(ops))
+        if group not in self._registered:
+            await self._register(group)
         self.round_trips += 1
-        res = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, GROUPS_KEY, k.retired], args=args)
+        res = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, k.retired], args=args)
         out = ApplyResult(ApplyStatus(_text(res[0])), int(res[1]), int(res[2]), int(res[3]), int(res[4]))
         if out.purged:
             self.start_sweep(group)
@@ -290,7 +299,14 @@ class RedisIndex:
     async def heartbeat(self, group: str, replica: str, ttl_s: float) -> None:
         k = self._k(group)
         self.round_trips += 1
-        await self._heartbeat(keys=[k.hb, GROUPS_KEY], args=[group, replica, str(int(ttl_s * 1000))])
+        await self._heartbeat(keys=[k.hb], args=[replica, str(int(ttl_s * 1000))])
+        await self._register(group)
+
+    async def _register(self, group: str) -> None:
+        """Add ``group`` to ``lkv:groups`` (a command of its own: that key is in another cluster slot)."""
+        self.round_trips += 1
+        await self.client.sadd(GROUPS_KEY, group)  # type: ignore[misc]
+        self._registered.add(group)
 
     async def heartbeats(self, group: str) -> dict[str, float]:
         """Seconds left of each replica's heartbeat in ``group`` (negative: expired, not yet swept), as Redis's
@@ -435,5 +451,4 @@ class RedisIndex:
     async def used_memory(self) -> int:
         """Redis ``used_memory`` in bytes (for sizing and the benchmark)."""
         self.round_trips += 1
-        info = await self.client.info("memory")
-        return int(info["used_memory"])
+        return await redis_used_memory(self.client)

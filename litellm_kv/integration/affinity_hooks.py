@@ -131,16 +131,17 @@ class AffinityHandler(Handler):
         if self._given_store is not None:
             return self._given_store
         kind = opts.store
+        redis = self.settings.redis_for("pins")
         if kind == "auto":
-            kind = "redis" if self.settings.mode == "shared" or self.settings.redis_url else "memory"
-        if kind == "redis" and not self.settings.redis_url:
-            raise ConfigError("affinity store 'redis' needs litellm_kv.redis_url (or LITELLM_KV_REDIS_URL)")
-        name = f"{kind}:{self.settings.redis_url}:{opts.redis_timeout_seconds}" if kind == "redis" else "memory"
+            kind = "redis" if self.settings.mode == "shared" or redis is not None else "memory"
+        if kind == "redis" and redis is None:
+            raise ConfigError("affinity store 'redis' needs litellm_kv.redis or redis_url (or LITELLM_KV_REDIS_URL)")
+        name = f"{kind}:{opts.redis_timeout_seconds}" if kind == "redis" else "memory"
         store = self._stores.get(name)
         if store is None:
             if kind == "redis":
-                assert self.settings.redis_url is not None
-                store = RedisPinStore(self.settings.redis_url, opts.redis_timeout_seconds,
+                assert redis is not None
+                store = RedisPinStore(redis, opts.redis_timeout_seconds,
                                       guard=RedisGuard(RedisUse.PINS, self.settings.redis_routing))
             elif self._clock is not None:
                 store = MemoryPinStore(self._clock, opts.memory_max_pins)

@@ -1,7 +1,8 @@
 """What the per-key governance handlers (reasoning, vision) share: a section of their own in each model
 group's config, parsed once per group, the group a request is governed as whatever name the client
-sent (:class:`GroupNames`), period budgets (in memory, or Redis when ``redis_url`` is set), failing
-closed, and the per-call decision kept by the proxy (never read from the request)."""
+sent (:class:`GroupNames`), period budgets (in memory, or Redis when one is configured: ``redis``,
+``redis_url``, ``budgets.redis``), failing closed, and the per-call decision kept by the proxy (never read
+from the request)."""
 
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ class GovernanceHandler(Handler, Generic[G]):
     @property
     def budgets(self) -> PeriodBudgets:
         if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_url, self.settings.budgets)
+            self._budgets = make_period_budgets(self.settings.redis_for("budgets"), self.settings.budgets)
         return self._budgets
 
     async def shutdown(self) -> None:

@@ -136,15 +136,18 @@ class KVRoutingHandler(Handler):
 
             self.index = InMemoryIndex()
         else:
-            if not self.settings.redis_url:
-                raise RuntimeError("litellm_kv.mode: shared needs redis_url (or LITELLM_KV_REDIS_URL)")
+            redis = self.settings.redis_for("index")
+            if redis is None:
+                raise RuntimeError("litellm_kv.mode: shared needs a Redis: litellm_kv.redis or redis_url (or "
+                                   "LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
             from litellm_kv.index.redis import RedisIndex
             from litellm_kv.redis_client import RedisGuard, RedisUse
 
-            self.index = RedisIndex(self.settings.redis_url,
+            self.index = RedisIndex(redis,
                                     guard=RedisGuard(RedisUse.INDEX, self.settings.redis_routing))
         for name, opts in self.options.items():
-            self.groups[name] = KVGroup(name, opts, self.index, self.settings.redis_url, embedded, self.backend,
+            self.groups[name] = KVGroup(name, opts, self.index, self.settings.redis_for("load"), embedded,
+                                        self.backend,
                                         members=functools.partial(self._group_deployments, name),
                                         redis_limits=self.settings.redis_routing)
         for name, g in self.groups.items():

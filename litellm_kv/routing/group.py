@@ -23,7 +23,7 @@ from typing import Any
 from litellm_kv.config import parse_section
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import counter, gauge, histogram
-from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisUse, connect
+from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisTarget, RedisUse, connect
 from litellm_kv.routing.cost import CostModel, CostSettings
 from litellm_kv.routing.fleet import Fleet
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
@@ -85,7 +85,7 @@ def _no_members() -> list[dict[str, Any]]:
 class KVGroup:
     """Runtime of one KV-routed model group."""
 
-    def __init__(self, name: str, options: KVRoutingSettings, index: KVIndex, redis_url: str | None,
+    def __init__(self, name: str, options: KVRoutingSettings, index: KVIndex, redis: str | RedisTarget | None,
                  embedded: bool, backend: str, *,
                  members: Callable[[], list[dict[str, Any]]] = _no_members,
                  redis_limits: GuardLimits | None = None) -> None:
@@ -111,7 +111,9 @@ class KVGroup:
         if embedded:
             self.load = InMemoryLoadTracker(load_cfg)
         else:
-            client = connect(str(redis_url), RedisUse.LOAD)
+            if redis is None:
+                raise ValueError(f"group {name}: shared load needs a Redis (litellm_kv.redis or redis_url)")
+            client = connect(redis, RedisUse.LOAD)
             guard = RedisGuard(RedisUse.LOAD, redis_limits, scope=name) if redis_limits is not None else None
             self.load = RedisLoadTracker(client, load_cfg, on_error=lambda _exc: LOAD_ERRORS.labels(name).inc(),
                                          guard=guard)

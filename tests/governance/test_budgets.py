@@ -28,6 +28,7 @@ from litellm_kv.governance.budgets import (
     RedisPeriodBudgets,
 )
 from litellm_kv.redis_client import GuardSettings, RedisGuard, RedisUse
+from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
 from tools.harness.redis_server import RedisServer
 
 T0 = datetime(2025, 1, 31, 23, 59, 30, tzinfo=timezone.utc)  # a Friday, 30 s before midnight
@@ -109,7 +110,7 @@ async def test_redis_down_fail_open_and_closed() -> None:
 # -- the reservation contract, on every backend ------------------------------------------------------
 
 @asynccontextmanager
-async def _memory() -> AsyncIterator[PeriodBudgets]:
+async def _memory(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
     yield MemoryPeriodBudgets(hold_ttl_s=60)
 
 
@@ -117,12 +118,34 @@ _contract_redis: list[RedisServer] = []  # one real redis-server for the contrac
 
 
 @asynccontextmanager
-async def _redis() -> AsyncIterator[PeriodBudgets]:
+async def _redis(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
     if not _contract_redis:
         _contract_redis.append(RedisServer(name="redis-budgets-contract"))
     srv = _contract_redis[0]
     srv.client().flushall()
     store = RedisPeriodBudgets(srv.url, prefix="c", hold_ttl_s=60)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@asynccontextmanager
+async def _cluster(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
+    cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+    cluster.flushall()
+    store = RedisPeriodBudgets(cluster.settings(), prefix="c", hold_ttl_s=60)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@asynccontextmanager
+async def _sentinel(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
+    setup: RedisSentinelServers = request.getfixturevalue("redis_sentinel")
+    setup.flushall()
+    store = RedisPeriodBudgets(setup.settings(), prefix="c", hold_ttl_s=60)
     try:
         yield store
     finally:
@@ -137,10 +160,12 @@ def _stop_contract_redis() -> Iterator[None]:
 
 
 @pytest.fixture(params=[pytest.param(_memory, id="memory"),
-                        pytest.param(_redis, id="redis", marks=pytest.mark.redis)])
+                        pytest.param(_redis, id="redis", marks=pytest.mark.redis),
+                        pytest.param(_cluster, id="cluster", marks=pytest.mark.redis),
+                        pytest.param(_sentinel, id="sentinel", marks=pytest.mark.redis)])
 async def budgets(request: pytest.FixtureRequest) -> AsyncIterator[PeriodBudgets]:
-    factory: Callable[[], AbstractAsyncContextManager[PeriodBudgets]] = request.param
-    async with factory() as store:
+    factory: Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[PeriodBudgets]] = request.param
+    async with factory(request) as store:
         yield store
 
 

@@ -1,7 +1,9 @@
 """The KVIndex contract, run against every backend (fixture ``index`` is parametrised).
 
-A backend joins by adding a ``pytest.param`` to ``BACKENDS`` whose factory yields a fresh,
-empty index. Each test states one rule of ``litellm_kv/index/base.py`` a router relies on.
+A backend joins by adding a ``pytest.param`` to ``BACKENDS`` whose factory (given the test's request, for
+session fixtures) yields a fresh, empty index. Redis runs as one server, as a Redis Cluster (3 masters + 3
+replicas) and as a Sentinel-managed master, all real servers. Each test states one rule of
+``litellm_kv/index/base.py`` a router relies on.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import pytest
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
 from litellm_kv.index.memory import InMemoryIndex
 from litellm_kv.index.redis import RedisIndex
+from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
 from tools.harness.redis_server import RedisServer
 
 G = "llama/3.1-8b"
 
 
 @asynccontextmanager
-async def memory_backend() -> AsyncIterator[KVIndex]:
+async def memory_backend(request: pytest.FixtureRequest) -> AsyncIterator[KVIndex]:
     yield InMemoryIndex()
 
 
@@ -30,12 +33,34 @@ _redis_server: list[RedisServer] = []  # one real redis-server for the module, s
 
 
 @asynccontextmanager
-async def redis_backend() -> AsyncIterator[KVIndex]:
+async def redis_backend(request: pytest.FixtureRequest) -> AsyncIterator[KVIndex]:
     if not _redis_server:
         _redis_server.append(RedisServer(name="redis-contract"))
     srv = _redis_server[0]
     srv.client().flushall()
     idx = RedisIndex(srv.url)
+    try:
+        yield idx
+    finally:
+        await idx.close()
+
+
+@asynccontextmanager
+async def cluster_backend(request: pytest.FixtureRequest) -> AsyncIterator[KVIndex]:
+    cluster: RedisClusterServers = request.getfixturevalue("redis_cluster")
+    cluster.flushall()
+    idx = RedisIndex(cluster.settings())
+    try:
+        yield idx
+    finally:
+        await idx.close()
+
+
+@asynccontextmanager
+async def sentinel_backend(request: pytest.FixtureRequest) -> AsyncIterator[KVIndex]:
+    setup: RedisSentinelServers = request.getfixturevalue("redis_sentinel")
+    setup.flushall()
+    idx = RedisIndex(setup.settings())
     try:
         yield idx
     finally:
@@ -52,13 +77,15 @@ def _stop_redis() -> Iterator[None]:
 BACKENDS: list[object] = [
     pytest.param(memory_backend, id="memory"),
     pytest.param(redis_backend, id="redis", marks=pytest.mark.redis),
+    pytest.param(cluster_backend, id="cluster", marks=pytest.mark.redis),
+    pytest.param(sentinel_backend, id="sentinel", marks=pytest.mark.redis),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[KVIndex]:
-    factory: Callable[[], AbstractAsyncContextManager[KVIndex]] = request.param
-    async with factory() as idx:
+    factory: Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[KVIndex]] = request.param
+    async with factory(request) as idx:
         yield idx
 
 

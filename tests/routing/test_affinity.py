@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from litellm_kv.routing.affinity import (
     MemoryPinStore,
     PinStore,
     RedisPinStore,
+    Resolution,
     TiktokenMeter,
     conversation_prefixes,
     make_meter,
@@ -191,16 +192,42 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest.fixture(params=["memory", "redis"])
+class _GroupTagged:
+    """A pin store seen through one group's hash tag, as the affinity router names its keys
+    (``<prefix>:{<group>}:<digest>``): on a Redis Cluster the keys of one resolve must share a slot."""
+
+    def __init__(self, inner: RedisPinStore, tag: str = "litellm_kv:affinity:{g}:") -> None:
+        self.inner, self.tag = inner, tag
+
+    async def resolve(self, keys: Sequence[str], candidates: Candidates) -> Resolution:
+        return await self.inner.resolve([self.tag + k for k in keys], candidates)
+
+    async def get(self, key: str) -> str | None:
+        return await self.inner.get(self.tag + key)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("cluster", marks=pytest.mark.redis),
+                        pytest.param("sentinel", marks=pytest.mark.redis)])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[PinStore]:
     if request.param == "memory":
         yield MemoryPinStore()
         return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    server.client().flushall()
-    s = RedisPinStore(server.url, timeout=2.0)
-    yield s
-    await s.close()
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        server.client().flushall()
+        s = RedisPinStore(server.url, timeout=2.0)
+        yield s
+        await s.close()
+        return
+    setup = request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_sentinel")
+    setup.flushall()
+    tagged = _GroupTagged(RedisPinStore(setup.settings(), timeout=2.0))
+    yield tagged
+    await tagged.close()
 
 
 TTL = {"a": 60_000, "b": 60_000, "c": 60_000}

@@ -1,5 +1,5 @@
-"""Router-tracked load: in-process tracker, and the Redis tracker shared by proxies (real
-redis-server)."""
+"""Router-tracked load: in-process tracker, and the Redis tracker shared by proxies (real redis-server; the
+shared tests run over one server, a Redis Cluster of 3 masters + 3 replicas, and a Sentinel-managed master)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aredis
 
+from litellm_kv.config import RedisSettings
+from litellm_kv.redis_client import RedisClient, RedisUse, connect
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, RedisLoadTracker, TrackedLoad
 from tools.harness.redis_server import RedisServer
+
+Target = str | RedisSettings
 
 
 async def test_in_memory_lifecycle_and_recent_decay() -> None:
@@ -37,7 +41,7 @@ async def test_in_memory_lifecycle_and_recent_decay() -> None:
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
+def _single_redis() -> Iterator[str]:
     server = RedisServer()
     try:
         yield server.url
@@ -45,9 +49,25 @@ def redis_url() -> Iterator[str]:
         server.stop()
 
 
-async def test_redis_tracker_shares_counts_between_proxies(redis_url: str) -> None:
-    c1 = aredis.from_url(redis_url)
-    c2 = aredis.from_url(redis_url)
+@pytest.fixture(params=[pytest.param("single", marks=pytest.mark.redis),
+                        pytest.param("cluster", marks=pytest.mark.redis),
+                        pytest.param("sentinel", marks=pytest.mark.redis)])
+def redis_url(request: pytest.FixtureRequest) -> Target:
+    """Where the shared tests' Redis is: a URL (one server) or cluster / sentinel settings."""
+    if request.param == "single":
+        return str(request.getfixturevalue("_single_redis"))
+    setup = request.getfixturevalue("redis_cluster" if request.param == "cluster" else "redis_sentinel")
+    setup.flushall()
+    return setup.settings()  # type: ignore[no-any-return]
+
+
+def _client(target: Target) -> RedisClient:
+    return connect(target, RedisUse.LOAD)
+
+
+async def test_redis_tracker_shares_counts_between_proxies(redis_url: Target) -> None:
+    c1 = _client(redis_url)
+    c2 = _client(redis_url)
     p1 = RedisLoadTracker(c1, proxy_id="p1")
     p2 = RedisLoadTracker(c2, proxy_id="p2")
     try:
@@ -83,10 +103,10 @@ async def test_redis_tracker_shares_counts_between_proxies(redis_url: str) -> No
         await c2.aclose()
 
 
-async def test_writes_are_off_the_request_path_and_coalesced(redis_url: str) -> None:
+async def test_writes_are_off_the_request_path_and_coalesced(redis_url: Target) -> None:
     """begin/first_token/end never wait for Redis; a burst is published as a few writes of the latest
     absolute values, and a reader sees exactly the sums once they landed."""
-    client = aredis.from_url(redis_url)
+    client = _client(redis_url)
     writer = RedisLoadTracker(client, proxy_id="w")
     reader = RedisLoadTracker(client, proxy_id="r")
     sent = 0
@@ -119,12 +139,12 @@ async def test_writes_are_off_the_request_path_and_coalesced(redis_url: str) -> 
         await client.aclose()
 
 
-async def test_snapshot_rides_along_with_the_index_lookup(redis_url: str) -> None:
+async def test_snapshot_rides_along_with_the_index_lookup(redis_url: Target) -> None:
     from litellm_kv.index.base import BlockOp, Tier
     from litellm_kv.index.redis import RedisIndex
 
     index = RedisIndex(redis_url)
-    client = aredis.from_url(redis_url)
+    client = _client(redis_url)
     mine = RedisLoadTracker(client, proxy_id="mine")
     other = RedisLoadTracker(client, proxy_id="other")
     try:
@@ -180,8 +200,8 @@ async def test_counts_recover_after_redis_returns() -> None:
         server.stop()
 
 
-async def test_dead_proxy_counts_fade(redis_url: str) -> None:
-    client = aredis.from_url(redis_url)
+async def test_dead_proxy_counts_fade(redis_url: Target) -> None:
+    client = _client(redis_url)
     dead = RedisLoadTracker(client, LoadSettings(ttl_s=0.5), proxy_id="dead")
     alive = RedisLoadTracker(client, LoadSettings(ttl_s=30.0), proxy_id="alive")
     try:
@@ -203,10 +223,10 @@ async def test_dead_proxy_counts_fade(redis_url: str) -> None:
         await client.aclose()
 
 
-async def test_a_proxy_declared_dead_publishes_its_counts_again(redis_url: str) -> None:
+async def test_a_proxy_declared_dead_publishes_its_counts_again(redis_url: Target) -> None:
     """A proxy whose liveness lapsed (a long pause) and whose fields a reader deleted republishes all of
     them on its next write, not only the replica that changed."""
-    client = aredis.from_url(redis_url)
+    client = _client(redis_url)
     slow = RedisLoadTracker(client, LoadSettings(ttl_s=0.3), proxy_id="slow")
     reader = RedisLoadTracker(client, proxy_id="reader")
     try:
@@ -234,7 +254,7 @@ def test_load_config_rejects_non_positive_times() -> None:
         parse_section(LoadSettings, {"recent_half_life_s": -1.0}, "kv.load")
 
 
-async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url: str) -> None:
+async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url: Target) -> None:
     """KVRouter in shared mode: the load rides along with the lookup (one round trip, no separate
     snapshot), another proxy's load steers the choice, and with Redis unreachable the decision is
     load-only on this proxy's own counts."""
@@ -248,7 +268,7 @@ async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url:
     tokens = list(range(300))
     replicas = ["a", "b"]
     index = RedisIndex(redis_url)
-    client = aredis.from_url(redis_url)
+    client = _client(redis_url)
     mine = RedisLoadTracker(client, proxy_id="mine")
     other = RedisLoadTracker(client, proxy_id="other")
 

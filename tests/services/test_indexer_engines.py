@@ -43,15 +43,17 @@ def _text(rng: random.Random, n: int) -> str:
 class Indexer:
     """One ``litellm-kv indexer`` process with its own config file."""
 
-    def __init__(self, redis_url: str, engines: list[EngineReplica], name: str) -> None:
+    def __init__(self, redis_url: str, engines: list[EngineReplica], name: str, **extra: Any) -> None:
         self.port = free_port()
         self.name = name
         self.path = ARTIFACTS / f"{name}-{self.port}.yaml"
         self.proc: ManagedProcess | None = None
+        self.extra = extra
         self.write_config(redis_url, engines)
 
     def write_config(self, redis_url: str, engines: list[EngineReplica]) -> None:
         cfg = {
+            **self.extra,
             "redis_url": redis_url,
             "port": self.port,
             "heartbeat_interval_s": 1.0,
@@ -302,6 +304,72 @@ def test_two_indexers_do_not_double_count(
         assert dups > 0  # both saw the batches; Redis applied each once
     finally:
         second.stop()
+
+
+def test_one_of_two_indexers_killed_the_other_keeps_the_index_exact(
+    indexer: Indexer, engines: list[EngineReplica], redis_srv: RedisServer
+) -> None:
+    """Two indexers both follow every engine (no assignment, nothing to take over): SIGKILL one while the
+    engines publish, and the survivor's applies, which were duplicates until then, carry on from the
+    stream positions in Redis; the index matches the engines without restarting the dead one."""
+    second = Indexer(redis_srv.url, engines, "indexer-c")
+    second.start()
+    stop = threading.Event()
+
+    def background() -> None:
+        seed = 400
+        while not stop.is_set():
+            traffic(engines, range(seed, seed + 1))
+            seed += 1
+
+    t = threading.Thread(target=background, daemon=True)
+    try:
+        second.wait_healthy()
+        t.start()
+        time.sleep(1.5)
+        second.kill()  # SIGKILL while batches keep coming
+        t_kill = time.monotonic()
+        time.sleep(1.5)
+    finally:
+        stop.set()
+        t.join(60)
+        second.stop()
+    n = check_exact(indexer, engines, range(400, 404, 2))
+    took = time.monotonic() - t_kill
+    print(f"\n[two indexers] one SIGKILLed: index exact against the engines {took:.2f}s after the kill "
+          f"({n} probe comparisons, incl. the traffic's last 1.5 s)")
+
+
+def test_indexers_split_the_replicas(engines: list[EngineReplica], redis_srv: RedisServer) -> None:
+    """Static assignment: two indexers, one replica each (``split_replicas``), on a Redis of their own; each
+    leaves the other's replica alone at start, and the index matches both engines."""
+    own = RedisServer(name="redis-indexer-split")
+    a = Indexer(own.url, engines[:1], "indexer-split-a", split_replicas=True)
+    b = Indexer(own.url, engines[1:], "indexer-split-b", split_replicas=True)
+    try:
+        a.start()
+        a.wait_healthy()
+        traffic(engines, range(500, 503))
+        b.start()  # after a's replica has entries: a split indexer must not purge them
+        b.wait_healthy()
+        traffic(engines, range(503, 506))
+        assert {r["replica"] for r in a.health()["replicas"]} == {replica_id(engines[0].api_base)}
+        hasher = BlockHasher("sha256", 32)
+        compared = 0
+        for seed in range(500, 506, 2):
+            settle(a)
+            settle(b)
+            msgs = conversation(seed)[-1]
+            view = asyncio.run(_reader_view(own.url, hasher, tokenize(engines[0], msgs)))  # as a proxy reads
+            for e in engines:
+                actual = chat(e, msgs)
+                assert view.get(replica_id(e.api_base), 0) == actual, (seed, e.name, view, actual)
+                compared += 1
+        assert compared == 6
+    finally:
+        a.stop()
+        b.stop()
+        own.stop()
 
 
 def test_indexer_sigkill_mid_stream_recovers(indexer: Indexer, engines: list[EngineReplica]) -> None:

@@ -1,14 +1,13 @@
 -- Apply one event batch, deduplicated by (stream, seq).
--- KEYS: blocks, ids, names, streams, groups, retired
--- ARGV: group, rev_prefix, replica, stream, seq, ts, force, then ops:
+-- KEYS: blocks, ids, names, streams, retired (one group's keys: one Redis Cluster slot)
+-- ARGV: rev_prefix, replica, stream, seq, ts, force, then ops:
 --   'C' (all blocks cleared) | 'o<delta>,<tier>' or 'r<delta>,<tier>' (a root store: skipped when the
 --   replica already holds the whole chain on that tier), followed by its hashes packed (8 bytes each,
 --   big-endian)
 -- Returns {status, last_seq, touched, purged, reannounced}; status: applied | duplicate | gap | restart
-local blocks, ids, names, streams, retired = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
-local rev_prefix, replica, stream = ARGV[2], ARGV[3], ARGV[4]
-local seq, ts, force = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
-redis.call('SADD', KEYS[5], ARGV[1])
+local blocks, ids, names, streams, retired = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local rev_prefix, replica, stream = ARGV[1], ARGV[2], ARGV[3]
+local seq, ts, force = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local id = replica_id(ids, names, replica, true)
 local rev = rev_prefix .. id
 local status, purged = 'applied', 0
@@ -33,7 +32,7 @@ if seq >= 0 then
       status = 'restart'
       last = -1
       if seq ~= 0 and not force then
-        redis.call('HSET', streams, stream, '-1|' .. ARGV[6])
+        redis.call('HSET', streams, stream, '-1|' .. ARGV[5])
         return {'gap', -1, 0, purged, 0}
       end
     elseif seq > last + 1 and not force then
@@ -47,10 +46,10 @@ if seq >= 0 then
     purged = purged + purge()
     status = 'restart'
   end
-  redis.call('HSET', streams, stream, seq .. '|' .. ARGV[6])
+  redis.call('HSET', streams, stream, seq .. '|' .. ARGV[5])
 end
 local touched, reannounced = 0, 0
-local i = 8
+local i = 7
 while i <= #ARGV do
   if ARGV[i] == 'C' then
     purged = purged + purge()

@@ -1,4 +1,3 @@
--- KEYS: hb, groups   ARGV: group, replica, ttl_ms
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[3]), ARGV[2])
+-- KEYS: hb   ARGV: replica, ttl_ms   (lkv:groups is another slot: RedisIndex adds the group to it itself)
+redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[2]), ARGV[1])
 return 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, Protocol
 
-from litellm_kv.redis_client import RedisGuard, RedisUse, connect, guarded
+from litellm_kv.redis_client import RedisGuard, RedisTarget, RedisUse, connect, guarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +141,11 @@ class RedisPinStore:
     or is skipped, LiteLLM routes alone).
     """
 
-    def __init__(self, url: str, timeout: float | None = None, *, guard: RedisGuard | None = None) -> None:
-        self._redis = connect(url, RedisUse.PINS, timeout_s=timeout)
+    def __init__(self, target: str | RedisTarget, timeout: float | None = None, *,
+                 guard: RedisGuard | None = None) -> None:
+        """``target``: a Redis URL or settings (one server, a cluster, Sentinel). Every key of one request
+        carries the group's hash tag, so the script runs on one cluster node."""
+        self._redis = connect(target, RedisUse.PINS, timeout_s=timeout)
         self._script = self._redis.register_script(_RESOLVE_LUA)
         self.guard = guard
 

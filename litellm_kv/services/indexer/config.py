@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from litellm_kv.config import doc, parse_section
+from litellm_kv.config import RedisSettings, doc, parse_section
 from litellm_kv.errors import ConfigError
 
 HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
@@ -78,11 +78,27 @@ class IndexerGroupSettings:
 class IndexerSettings:
     """``litellm-kv indexer --config FILE``: feeds the shared Redis index from the engines' KV events."""
 
-    redis_url: str = doc(
-        "Redis URL of the shared index: redis://[:password@]host:port/db, rediss:// for TLS."
+    redis_url: str | None = doc(
+        "Redis URL of the shared index: redis://[:password@]host:port/db, rediss:// for TLS (the short form "
+        "of redis: {url: ...}).",
+        default=None,
+    )
+    redis: RedisSettings | None = doc(
+        "The shared index's Redis: one server, a Redis Cluster or a Sentinel-managed master, with "
+        "credentials and TLS (the same schema as the proxies' litellm_kv.redis). Set this or redis_url.",
+        default=None,
     )
     model_groups: dict[str, IndexerGroupSettings] = doc(
         "Model groups to index, keyed by LiteLLM model_name.", default_factory=dict
+    )
+    split_replicas: bool = doc(
+        "Several indexers split each group's replicas between them, each config listing its share (static "
+        "assignment): replicas of a configured group that this config does not list are left alone at start "
+        "(another indexer feeds them), and one left out of every config expires after heartbeat_ttl_s. "
+        "false: this config lists every replica of its groups, and one removed from it is purged when the "
+        "indexer starts. Without a split, any number of indexers may each follow every replica (Redis applies "
+        "each batch once).",
+        default=False,
     )
     host: str = doc(
         "Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics). Loopback by default; "
@@ -138,6 +154,8 @@ class IndexerSettings:
     engine_timeout_s: float = doc("Timeout of HTTP calls to the engines.", default=5.0)
 
     def validate(self) -> None:
+        if (self.redis is None) == (not self.redis_url):
+            raise ValueError("set one of redis_url or redis (the shared index's Redis)")
         if self.max_request_bytes < 1 or self.max_lookup_tokens < 1:
             raise ValueError("max_request_bytes and max_lookup_tokens must be at least 1")
         if not 0.0 <= self.exactness_sample_rate <= 1.0:
@@ -164,6 +182,10 @@ class IndexerSettings:
             raise ConfigError(f"indexer.host is {self.host!r}, not loopback, and {where} is unset or empty: set an "
                               f"API token (for example `openssl rand -hex 32`) or bind 127.0.0.1")
         return token or None
+
+    def redis_target(self) -> RedisSettings:
+        """The index's Redis (``redis``, or ``redis_url`` as its short form)."""
+        return self.redis if self.redis is not None else RedisSettings(url=self.redis_url)
 
     def seed_of(self, group: str) -> str | None:
         g = self.model_groups[group]

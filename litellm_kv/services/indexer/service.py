@@ -93,7 +93,7 @@ class Indexer:
 
     def __init__(self, cfg: IndexerSettings, index: RedisIndex | None = None) -> None:
         self.cfg = cfg
-        self.index = index or RedisIndex(cfg.redis_url)
+        self.index = index or RedisIndex(cfg.redis_target())
         self.ctx = zmq.asyncio.Context()
         self.replicas: dict[tuple[str, str], ReplicaRuntime] = {}
         self._hashers: dict[tuple[str, int, str], BlockHasher] = {}
@@ -112,8 +112,9 @@ class Indexer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._purge_unconfigured()
+        if not self.cfg.split_replicas:  # with a split, the replicas not listed here are another indexer's
+            with contextlib.suppress(RedisError, OSError):
+                await self._purge_unconfigured()
         for rt in self.replicas.values():
             await self._bring_up(rt)
         self._task = asyncio.get_running_loop().create_task(self._maintain(), name="kv-indexer-maintain")
