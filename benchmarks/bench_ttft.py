@@ -21,7 +21,7 @@ least-busy's own per-run means). When litellm-kv's responses carry a predicted T
 (``x-litellm-kv-predicted-ttft-ms``), the median and p90 absolute error against the measured TTFT.
 
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
-        [--runs 3] [--json PATH] [--markdown PATH]
+        [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.demo import plot
 from tools.harness import field
 from tools.harness.testbed import (
     KV,
@@ -147,6 +148,16 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plots(results: dict[str, Any], out_dir: Path) -> None:
+    """ttft_<workload>.png: TTFT mean and p95 against load, one line per routing."""
+    for name in dict.fromkeys(c["workload"] for c in results["cells"]):
+        pts = [(c["rate"], {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
+               for c in results["cells"] if c["workload"] == name]
+        title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\n{results['replicas']} vLLM CPU replicas, ttft "
+                 f"model; each point pools {results['runs']} runs per routing (A-B-C-C-B-A-A-B-C)")
+        plot(pts, out_dir / f"ttft_{name}.png", title)
+
+
 async def main_async(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -181,6 +192,8 @@ async def main_async(args: argparse.Namespace) -> int:
                    "wall_s": round(time.monotonic() - t0)}
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.plot_dir:
+            plots(results, Path(args.plot_dir))
         md = markdown(results)
         print("\n" + md)
         if args.markdown:
@@ -201,7 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
     ap.add_argument("--json", default="")
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--plot-dir", default="", help="write ttft_<workload>.png (TTFT against load) here")
+    ap.add_argument("--replot", default="", help="only re-render --markdown/--plot-dir from this --json file")
     args = ap.parse_args(argv)
+    if args.replot:
+        results = json.loads(Path(args.replot).read_text())
+        if args.plot_dir:
+            plots(results, Path(args.plot_dir))
+        md = markdown(results)
+        print(md)
+        if args.markdown:
+            Path(args.markdown).write_text(md + "\n")
+        return 0
     return asyncio.run(main_async(args))
 
 

@@ -45,7 +45,9 @@ DEMO_CHAT = {"groups": 6, "users_per_group": 2, "turns": 2, "system_tokens": 250
              "reply_tokens": 40}
 
 
-def plot(comps: list[Comparison], path: Path, title: str) -> None:
+def plot(points: list[tuple[float, dict[str, tuple[float, float]]]], path: Path, title: str) -> None:
+    """TTFT mean and p95 (ms) against offered load, one line per routing; ``points``: (rate, {routing: (mean,
+    p95)}) per load level (also used by benchmarks/bench_ttft.py)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,16 +55,15 @@ def plot(comps: list[Comparison], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     styles = {"ttft-shuffle": ("tab:gray", "s"), "ttft-least-busy": ("tab:blue", "^"), "ttft-kv": ("tab:red", "o")}
+    xs = [rate for rate, _ in points]
     for g in ROUTINGS:
-        xs = [c.rate for c in comps]
-        mean = [1000 * c.pooled(g).ttft() for c in comps]
-        p95 = [1000 * c.pooled(g).ttft(0.95) for c in comps]
         color, marker = styles[g]
-        axes[0].plot(xs, mean, marker=marker, color=color, label=LABELS[g])
-        axes[1].plot(xs, p95, marker=marker, color=color, label=LABELS[g])
+        for k, ax in enumerate(axes):
+            ax.plot(xs, [row[g][k] for _, row in points], marker=marker, color=color, label=LABELS[g])
     for ax, what in zip(axes, ("TTFT mean (ms)", "TTFT p95 (ms)"), strict=True):
         ax.set_xlabel("offered load (requests/s)")
         ax.set_ylabel(what)
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(title, fontsize=9)
@@ -108,7 +109,9 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"litellm-kv prediction checks (predicted vs engine-reported cached tokens): "
                   f"{checks.get('exact', 0)}/{total} exact {dict(sorted(checks.items()))}\n", flush=True)
         if args.plot:
-            plot(comps, Path(args.plot), f"{wl0.describe}\n{args.replicas} vLLM CPU replicas, ttft model; "
+            points = [(c.rate, {g: (1000 * c.pooled(g).ttft(), 1000 * c.pooled(g).ttft(0.95)) for g in ROUTINGS})
+                      for c in comps]
+            plot(points, Path(args.plot), f"{wl0.describe}\n{args.replicas} vLLM CPU replicas, ttft model; "
                  "each point pools 2 runs (A-B-C-C-B-A)")
             print(f"[demo] plot: {args.plot}")
         if args.json:
