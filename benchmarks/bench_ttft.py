@@ -31,6 +31,7 @@ import asyncio
 import datetime as dt
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -59,7 +60,7 @@ from tools.harness.testbed import (
 
 # Workload sizes for the testbed's 16 MiB caches (512 blocks of 32 tokens per replica).
 SIZES: dict[str, dict[str, Any]] = {
-    "chat": {"groups": 5, "users_per_group": 3, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
+    "chat": {"groups": 8, "users_per_group": 2, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
              "reply_tokens": 40},
     "fanout": {"tasks": 5, "fanout": 4, "context_tokens": 4000, "sub_tokens": 100},
     "unique": {"n": 16, "prompt_tokens": 2500},
@@ -226,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.markdown:
             Path(args.markdown).write_text(md + "\n")
         return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the replicas and the proxy (main_async's finally)
     return asyncio.run(main_async(args))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ from tools.harness.testbed import (
     start_testbed,
 )
 
-# Sized with the testbed's 16 MiB caches (512 blocks of 32 tokens per replica): ~600 distinct blocks, more
-# than one replica holds, less than two; 24 requests per run keep the demo to a few minutes.
-DEMO_CHAT = {"groups": 6, "users_per_group": 2, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
+# Sized with the testbed's 16 MiB caches (512 blocks of 32 tokens per replica): ~770 distinct blocks, more
+# than one replica holds, less than two (the 8 system prompts alone need ~630: shuffled, every replica
+# cycles through all of them; kept apart, each holds its half); 32 requests per run keep the demo short.
+DEMO_CHAT = {"groups": 8, "users_per_group": 2, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
              "reply_tokens": 40}
 
 
