@@ -17,8 +17,10 @@ on this machine hit all three alike. Per cell: pooled TTFT mean/p50/p95, the spr
 of the per-run mean and p95), end-to-end latency, output tokens/s, cached-token ratio, litellm-kv's
 prediction checks, and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
 baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
-least-busy's own per-run means). When litellm-kv's responses carry a predicted TTFT
-(``x-litellm-kv-predicted-ttft-ms``), the median and p90 absolute error against the measured TTFT.
+least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
+absolute error of the prediction against the TTFT measured: from a per-response header
+(``x-litellm-kv-predicted-ttft-ms``) when there is one, else from litellm-kv's signed error histogram
+(``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under).
 
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
         [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
@@ -31,6 +33,7 @@ import asyncio
 import datetime as dt
 import json
 import math
+import re
 import signal
 import statistics
 import sys
@@ -66,6 +69,41 @@ SIZES: dict[str, dict[str, Any]] = {
     "unique": {"n": 16, "prompt_tokens": 2500},
 }
 PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
+ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
+
+
+def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
+    """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
+    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s)."""
+    cum: dict[float, float] = {}
+    for d in deltas:
+        for k, v in d.items():
+            if k.startswith(ERROR_METRIC + "_bucket"):
+                m = re.search(r'le="([^"]+)"', k)
+                if m:
+                    le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+                    cum[le] = cum.get(le, 0.0) + v
+    if not cum or not cum.get(math.inf):
+        return None
+    bounds = sorted(cum)
+    per: list[tuple[float, float, float]] = []  # (lower, upper, count) of each signed bucket
+    prev_le, prev_c = -math.inf, 0.0
+    for le in bounds:
+        per.append((prev_le, le, cum[le] - prev_c))
+        prev_le, prev_c = le, cum[le]
+    # |e| of a bucket (lo, hi] is at most max(|lo|, |hi|) (an open end: infinite).
+    folded = sorted((max(abs(lo), abs(hi)), n) for lo, hi, n in per if n > 0)
+    total = sum(n for _, n in folded)
+
+    def q(frac: float) -> float:
+        acc = 0.0
+        for bound, n in folded:
+            acc += n
+            if acc >= frac * total:
+                return bound
+        return math.inf
+
+    return {"n": int(total), "median_le_s": q(0.5), "p90_le_s": q(0.9)}
 
 
 def predicted_errors(comp: Comparison) -> list[float]:
@@ -105,6 +143,9 @@ def cell_summary(comp: Comparison) -> dict[str, Any]:
     if errs:
         out["prediction_error_ms"] = {"n": len(errs), "median": round(statistics.median(errs), 1),
                                       "p90": round(field.quantile(errs, 0.9), 1)}
+    hist = histogram_abs_error(comp.kv_deltas)
+    if hist:
+        out["prediction_error_hist"] = hist
     return out
 
 
@@ -121,6 +162,8 @@ def print_cell(s: dict[str, Any]) -> None:
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
     if "prediction_error_ms" in s:
         print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")
+    if "prediction_error_hist" in s:
+        print(f"predicted vs measured TTFT (litellm-kv's error histogram, bucket bounds): {s['prediction_error_hist']}")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -142,6 +185,10 @@ def markdown(results: dict[str, Any]) -> str:
                 if "prediction_error_ms" in s:
                     e = s["prediction_error_ms"]
                     verdict += f"; predicted TTFT |error| median {e['median']:.0f} ms, p90 {e['p90']:.0f} ms"
+                elif "prediction_error_hist" in s:
+                    h = s["prediction_error_hist"]
+                    verdict += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
+                                f"p90 <= {1000 * h['p90_le_s']:.0f} ms (n={h['n']})")
             lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['ttft_mean_ms']:.0f} "
                          f"({min(m):.0f}-{max(m):.0f}) | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} "
                          f"({min(p):.0f}-{max(p):.0f}) | {r['e2e_mean_ms']:.0f} | {r['output_tok_s']:.1f} | "
@@ -180,10 +227,11 @@ async def main_async(args: argparse.Namespace) -> int:
         capacity = args.replicas / unit
         print(f"[bench] one uncached request {1000 * unit:.0f} ms -> ~{capacity:.2f} req/s without hits", flush=True)
         for name in names:
-            for f in args.loads:
+            for f in (args.control_loads or args.loads) if name == "unique" else args.loads:
                 rate = round(f * capacity, 2)
                 make: Callable[[], field.Workload] = lambda n=name, r=rate: field.make(n, r, **SIZES[n])  # noqa: E731
-                comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens)
+                comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
+                                     metric_prefixes=(ERROR_METRIC,))
                 s = cell_summary(comp)
                 s["load_fraction"] = f
                 cells.append(s)
@@ -210,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--workloads", default="chat,fanout,unique")
     ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.9])
+    ap.add_argument("--control-loads", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                    help="load levels for the unique control (default: --loads)")
     ap.add_argument("--runs", type=int, default=3, help="runs per routing per cell (>= 3 for the must-show)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
