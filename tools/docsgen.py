@@ -46,6 +46,7 @@ PLACEMENTS: dict[str, tuple[str, str]] = {
     "litellm_kv.routing.cost.CostSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.cost"),
     "litellm_kv.routing.load.LoadSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.load"),
     "litellm_kv.routing.siblings.SiblingSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.siblings"),
+    "litellm_kv.routing.ttft.TtftSettings": ("proxy", "litellm_kv.model_groups.<group>.kv.ttft"),
     "litellm_kv.routing.affinity.options.AffinitySettings": ("proxy", "litellm_kv.model_groups.<group>.affinity"),
     "litellm_kv.governance.reasoning.GroupReasoningSettings": ("proxy", "litellm_kv.model_groups.<group>.reasoning"),
     "litellm_kv.governance.vision_policy.GroupVisionSettings": ("proxy", "litellm_kv.model_groups.<group>.vision"),

@@ -212,6 +212,7 @@ class KVRoutingHandler(Handler):
                 "replica": result.replica, "reason": result.reason, "predicted_cached_tokens":
                 result.predicted_hit_tokens, "prompt_tokens": result.prompt_tokens, "shadow": g.options.shadow,
                 "fallback": result.fallback_why or None,
+                "predicted_ttft_s": round(result.predicted_ttft_s.get(result.replica, 0.0), 4) or None,
             }
         await g.begin(result, cid)
         DECISION_SECONDS.labels(model_group, result.tokenizer).observe(time.perf_counter() - t0)
@@ -317,6 +318,8 @@ class KVRoutingHandler(Handler):
             route.first_token = True
             g = self.groups.get(route.group)
             if g is not None:
+                # The TTFT the cost model predicted, as this proxy measures it (decision to first chunk).
+                g.observe_ttft(route.result, time.time() - route.started)
                 await g.first_token(cid)
         usage = usage_of(chunk)
         if usage is not None and field(usage, "prompt_tokens") is not None:
@@ -344,7 +347,7 @@ class KVRoutingHandler(Handler):
             # Exact either way; the Python path is slower on never-seen prompts (docs/hashing.md).
             "hashing": "native" if NATIVE_HASHING else "python (litellm_kv/vllm/_chain.c not built)",
             "groups": {
-                name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow}
+                name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow, **g.status()}
                 for name, g in self.groups.items()
             },
         }
@@ -361,6 +364,7 @@ class KVRoutingHandler(Handler):
         out = asdict(result)
         out.pop("wire_hashes", None)
         out["block_size"] = hasher.block_size if hasher else None
+        out["cost_model"] = g.router.cost.kind
         return out
 
 

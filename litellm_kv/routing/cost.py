@@ -1,6 +1,15 @@
 """The routing cost: predicted cache hits weighed against each replica's load.
 
-Every quantity is in *prefill-token equivalents*: the cost of a replica is roughly the work it
+Two cost models, chosen per group (``kv.cost_model``):
+
+* ``ttft`` (:meth:`CostModel.choose` with a :class:`~litellm_kv.routing.ttft.TtftSettings`): each
+  replica's cost is its *predicted time to first token* in seconds — prefill queued ahead, this
+  request's uncached prefill, the slowdown of running decodes, at rates learned per replica
+  (:mod:`litellm_kv.routing.ttft`) — plus ``work_weight`` × this request's own prefill seconds (the time
+  it takes from later requests there).
+* ``blocks`` (below): the token-equivalent cost the project shipped first.
+
+In the ``blocks`` model every quantity is in *prefill-token equivalents*: the cost of a replica is roughly the work it
 must finish before this request's first token, i.e. queued prefill tokens plus this request's
 uncached tokens plus a charge for running decode sequences. Cache hits are a credit against
 that work, weighted by the tier holding them. Lowest cost wins.
@@ -30,6 +39,7 @@ from typing import Literal
 
 from litellm_kv.config import doc
 from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.routing.ttft import ReplicaRates, TtftSettings
 from litellm_kv.vllm.hashing import max_hit_blocks
 
 Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
@@ -140,6 +150,7 @@ class Candidate:
     kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc
     sibling_blocks: int = 0  # leading blocks predicted by the sibling index
     recent_prefill_tokens: float = 0.0  # decayed prefill work recently sent here
+    rates: ReplicaRates | None = None  # learned timing rates (TTFT model); None: the defaults
 
 
 @dataclass(slots=True)
@@ -149,6 +160,8 @@ class RoutingDecision:
     predicted_hit_tokens: int
     scores: dict[str, float]  # replica -> cost (lower is better)
     hit_tokens: dict[str, int] = field(default_factory=dict)  # replica -> predicted hit tokens
+    ttft_s: dict[str, float] = field(default_factory=dict)  # replica -> predicted TTFT (TTFT model only)
+    raw_ttft_s: float = 0.0  # the chosen replica's prediction before its measured correction
 
 
 def replica_load(cfg: CostSettings, c: Candidate) -> float:
@@ -193,9 +206,18 @@ class CostModel:
     """Chooses a replica for a prompt. Pure apart from the random source used for ties and
     temperature sampling (seeded for reproducible simulations)."""
 
-    def __init__(self, cfg: CostSettings | None = None, seed: int | None = None) -> None:
+    def __init__(self, cfg: CostSettings | None = None, seed: int | None = None,
+                 ttft: TtftSettings | None = None) -> None:
+        """``ttft``: settings of the TTFT model, which is then the cost; None: the ``blocks`` model."""
         self.cfg = cfg or CostSettings()
+        self.ttft = ttft
         self._rng = random.Random(seed)
+        if ttft is not None:
+            self._defaults = ReplicaRates(ttft.prefill_s_per_token, ttft.prefill_overhead_s, ttft.decode_step_s)
+
+    @property
+    def kind(self) -> str:
+        return "blocks" if self.ttft is None else "ttft"
 
     def least_loaded(self, candidates: Sequence[Candidate], reason: Reason = "fallback") -> RoutingDecision:
         """Load-only choice: the cheap path for unique prefixes and the fallback when the index
@@ -208,6 +230,8 @@ class CostModel:
     def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate]) -> RoutingDecision:
         if not candidates:
             raise ValueError("no candidates")
+        if self.ttft is not None:
+            return self._choose_ttft(prompt_tokens, block_size, candidates, self.ttft)
         cfg = self.cfg
         limit = max_hit_blocks(prompt_tokens, block_size)
         hits: dict[str, int] = {}
@@ -254,6 +278,67 @@ class CostModel:
                 chosen = self._argmin(loads)
                 reason = "imbalance"
         return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits)
+
+    def _choose_ttft(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate],
+                     tc: TtftSettings) -> RoutingDecision:
+        """Lowest predicted TTFT plus ``work_weight`` × own prefill seconds (docs/routing.md)."""
+        cfg = self.cfg
+        limit = max_hit_blocks(prompt_tokens, block_size)
+        hits: dict[str, int] = {}
+        ttft: dict[str, float] = {}
+        costs: dict[str, float] = {}
+        raw: dict[str, float] = {}
+        chunk = tc.chunk_tokens
+        for c in candidates:
+            r = c.replica
+            gpu, cpu, sto = _capped(c.match, limit)
+            matched = gpu + cpu + sto
+            extra = 0
+            if cfg.sibling_credit > 0 and c.sibling_blocks > matched:
+                extra = min(c.sibling_blocks, limit) - matched
+            if matched + extra:
+                hits[r] = (matched + extra) * block_size
+            # GPU hits are free; offloaded ones cost a transfer, as a fraction of recomputing them.
+            credit = block_size * (gpu * cfg.gpu_credit + cpu * cfg.cpu_credit + sto * cfg.storage_credit
+                                   + extra * cfg.sibling_credit)
+            new = max(0.0, prompt_tokens - credit)
+            rt = c.rates or self._defaults
+            b = rt.prefill_s_per_token
+            queued = float(c.inflight_prefill_tokens)
+            waiting = c.engine_waiting or 0
+            if waiting:
+                queued = max(queued, waiting * cfg.waiting_request_tokens)
+            own = rt.prefill_overhead_s + b * new
+            ahead = rt.prefill_overhead_s * waiting + b * queued
+            running = c.inflight_decode if c.engine_running is None else max(c.inflight_decode, c.engine_running)
+            slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
+            base = ahead + own + slow
+            raw[r] = base
+            t = rt.correction * base
+            ttft[r] = t
+            extra_s = tc.recent_weight * b * max(0.0, c.recent_prefill_tokens - c.inflight_prefill_tokens)
+            if c.kv_usage is not None and c.kv_usage > cfg.kv_usage_threshold:
+                span = max(1e-9, 1.0 - cfg.kv_usage_threshold)
+                extra_s += b * cfg.kv_usage_penalty_tokens * min(1.0, (c.kv_usage - cfg.kv_usage_threshold) / span)
+            extra_s += tc.decode_weight * rt.output_tokens * rt.decode_step_s
+            costs[r] = t + tc.work_weight * rt.correction * own + extra_s
+        if cfg.temperature > 0:
+            chosen = self._sample(costs, cfg.temperature * self._defaults.prefill_s_per_token
+                                  * max(prompt_tokens, block_size))
+        else:
+            chosen = self._argmin(costs)
+        reason: Reason
+        if not hits:
+            reason = "unique"
+        else:
+            reason = "cache" if hits.get(chosen, 0) == max(hits.values()) else "load"
+            if cfg.imbalance_guard:
+                loads = {c.replica: replica_load(cfg, c) for c in candidates}
+                floor = min(loads.values())
+                if loads[chosen] - floor > cfg.imbalance_abs_tokens and loads[chosen] > cfg.imbalance_ratio * floor:
+                    chosen = min(loads, key=lambda k: (loads[k], costs[k]))
+                    reason = "imbalance"
+        return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits, ttft, raw[chosen])
 
     def _argmin(self, values: dict[str, float]) -> str:
         best = min(values.values())

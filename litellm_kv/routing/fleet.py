@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,8 +21,9 @@ from urllib.parse import urlsplit
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import gauge
 from litellm_kv.routing.options import KVRoutingSettings
+from litellm_kv.routing.ttft import EngineTimings
 from litellm_kv.tasks import spawn_held
-from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.engine import TIMING_SAMPLES, EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
 
 log = logging.getLogger("litellm_kv")
@@ -103,6 +105,8 @@ class Fleet:
         self._models_read = 0.0  # last /v1/models re-read for a model name no replica listed
         self._refreshes: set[asyncio.Task[None]] = set()
         self._unknown_logged: set[str] = set()
+        # Receives each scrape's timing histograms (KVGroup's RateBook learns the TTFT model's rates from them).
+        self.on_timings: Callable[[str, EngineTimings], None] | None = None
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -194,6 +198,8 @@ class Fleet:
         st.kv_usage = m.kv_usage
         st.last_scrape = time.time()
         st.reachable = True
+        if m.timings and self.on_timings is not None:
+            self.on_timings(st.replica, EngineTimings(*(m.timings.get(name, 0.0) for name in TIMING_SAMPLES)))
         if self.embedded:
             await self.index.heartbeat(self.group, st.replica, self.options.heartbeat_ttl_s)
 

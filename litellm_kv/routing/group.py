@@ -22,7 +22,7 @@ from typing import Any
 
 from litellm_kv.config import parse_section
 from litellm_kv.index.base import KVIndex
-from litellm_kv.observability import counter
+from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisUse, connect
 from litellm_kv.routing.cost import CostModel, CostSettings
 from litellm_kv.routing.fleet import Fleet
@@ -30,6 +30,7 @@ from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTrack
 from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISIONS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
+from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.tokenization import CONTENT_FORMATS, VERIFY_SAMPLES, LocalChatTokenizer, TemplateError
@@ -45,6 +46,21 @@ LOAD_ERRORS = counter(
     "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
     "this proxy's own counts and the scraped engine gauges, and failed writes are retried.",
     ["model_group"],
+)
+
+RATE_GAUGE = gauge(
+    "replica_rate",
+    "Rates the TTFT cost model uses per replica (learned from the engine's metrics and measured TTFTs; the "
+    "kv.ttft defaults before): prefill_seconds_per_token, prefill_overhead_seconds, decode_step_seconds, "
+    "output_tokens, ttft_correction.",
+    ["model_group", "replica", "rate"],
+)
+TTFT_ERROR = histogram(
+    "ttft_prediction_error_seconds",
+    "Measured time to first token (decision to first streamed content chunk, at the proxy) minus the TTFT "
+    "predicted for the chosen replica, per streamed response.",
+    ["model_group"],
+    buckets=(-2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 2.0),
 )
 
 
@@ -83,8 +99,14 @@ class KVGroup:
         cost_cfg = parse_section(CostSettings, options.cost, f"{where}.cost")
         sib = parse_section(SiblingSettings, options.siblings, f"{where}.siblings")
         load_cfg = parse_section(LoadSettings, options.load, f"{where}.load")
-        self.router = KVRouter(name, index, CostModel(cost_cfg), SiblingIndex(sib.ttl_s, sib.max_entries),
-                               backend=backend)
+        ttft_cfg = parse_section(TtftSettings, options.ttft, f"{where}.ttft")
+        # Learned whichever cost decides, so /litellm-kv/health shows the rates and a switch of cost_model
+        # starts calibrated.
+        self.rates = RateBook(ttft_cfg)
+        self.fleet.on_timings = self._timings
+        model = CostModel(cost_cfg, ttft=ttft_cfg if options.cost_model == "ttft" else None)
+        self.router = KVRouter(name, index, model, SiblingIndex(sib.ttl_s, sib.max_entries), backend=backend,
+                               rates=self.rates)
         self.load: LoadTracker
         if embedded:
             self.load = InMemoryLoadTracker(load_cfg)
@@ -151,6 +173,7 @@ class KVGroup:
             if ids == self.deployment_ids:
                 return
             await self.fleet.sync(deployments)
+            self.rates.forget(self.fleet.replicas)
             self.deployment_ids = ids
             if self.tokenizer is None and self.options.tokenizer != "engine" and self.options.tokenizer_path:
                 await self._verify_local_tokenizer()
@@ -289,6 +312,31 @@ class KVGroup:
         result.tokenizer = path
         return result
 
+    # -- learned rates (TTFT cost model) ---------------------------------------------------------------
+    def _timings(self, replica: str, timings: EngineTimings) -> None:
+        self.rates.observe_engine(replica, timings)
+        r = self.rates.rates(replica)
+        RATE_GAUGE.labels(self.name, replica, "prefill_seconds_per_token").set(r.prefill_s_per_token)
+        RATE_GAUGE.labels(self.name, replica, "prefill_overhead_seconds").set(r.prefill_overhead_s)
+        RATE_GAUGE.labels(self.name, replica, "decode_step_seconds").set(r.decode_step_s)
+        RATE_GAUGE.labels(self.name, replica, "output_tokens").set(r.output_tokens)
+        RATE_GAUGE.labels(self.name, replica, "ttft_correction").set(r.correction)
+
+    def observe_ttft(self, result: RoutingResult, measured_s: float) -> None:
+        """A streamed response's first content chunk came ``measured_s`` after the decision."""
+        if result.raw_ttft_s > 0:
+            predicted = result.predicted_ttft_s.get(result.replica, 0.0)
+            TTFT_ERROR.labels(self.name).observe(measured_s - predicted)
+            self.rates.observe_ttft(result.replica, result.raw_ttft_s, measured_s)
+            RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(
+                self.rates.rates(result.replica).correction)
+
+    def status(self) -> dict[str, Any]:
+        """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
+        decision's predicted TTFT per replica."""
+        return {"cost_model": self.router.cost.kind, "rates": self.rates.status(),
+                "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()}}
+
     # -- router-tracked load -----------------------------------------------------------------------
     async def read_load(self, candidates: Sequence[str]) -> Mapping[str, TrackedLoad]:
         """Router-tracked load; when the shared store (Redis) is down, this proxy's own counts (the
@@ -306,7 +354,7 @@ class KVGroup:
             DECISIONS.labels(self.name, "shadow").inc()
             return
         # Counted in process at once; in shared mode published to Redis in the background (RedisLoadTracker).
-        prefill = max(0, result.prompt_tokens - result.predicted_hit_tokens)
+        prefill = max(0, result.prompt_tokens - max(result.predicted_hit_tokens, result.expected_hit_tokens))
         await self._guarded(self.load.begin(self.name, result.replica, request_id, prefill))
 
     async def first_token(self, request_id: str) -> None:

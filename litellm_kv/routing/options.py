@@ -92,6 +92,18 @@ class KVRoutingSettings:
         "In-flight load counted for a request is released after this long even if no completion was seen.",
         default=600.0,
     )
+    cost_model: typing.Literal["ttft", "blocks"] = doc(
+        "The routing cost. 'ttft': each replica's predicted time to first token in seconds (queued prefill, "
+        "this request's uncached prefill, decode slowdown) at rates learned from its engine's metrics and the "
+        "measured TTFTs (the 'kv.ttft' section; docs/routing.md). 'blocks': the token-equivalent cost of hits "
+        "against load (the 'kv.cost' weights), the model litellm-kv shipped first.",
+        default="ttft",
+    )
+    ttft: dict[str, Any] = doc(
+        "TTFT cost-model options (see the 'kv.ttft' section: default rates before calibration, weights, "
+        "learning half-lives).",
+        default_factory=dict,
+    )
     cost: dict[str, Any] = doc(
         "Cost-model weights (see docs/routing.md: hit credit per tier, load weights, anti-starvation, "
         "imbalance guard, temperature, sibling TTL).",

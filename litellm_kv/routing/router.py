@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litellm_kv.index.base import KVIndex, ReplicaMatch, RidingLookup, ScriptRider
-from litellm_kv.observability import counter, histogram
+from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.routing.ttft import RateBook
 from litellm_kv.vllm.hashing import BlockHasher, InexactHashError, MMFeature, max_hit_blocks
 
 DECISIONS = counter(
@@ -43,6 +44,12 @@ LOOKUP_SECONDS = histogram(
     "Index lookup time for one prompt (all replicas, one round trip), seconds.",
     ["model_group", "backend"],
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25),
+)
+
+PREDICTED_TTFT = gauge(
+    "predicted_ttft_seconds",
+    "TTFT cost model: the latest decision's predicted time to first token on each candidate replica, seconds.",
+    ["model_group", "replica"],
 )
 
 
@@ -83,18 +90,25 @@ class RoutingResult:
     exact: bool = True
     fallback_why: str = ""
     tokenizer: str = "none"  # which path produced the token ids: local, engine, none (set by KVGroup.decide)
+    # The hits the choice counted on, sibling predictions included: what the replica will likely not compute
+    # (the load to count), where predicted_hit_tokens is only what the engine has announced (the exactness check).
+    expected_hit_tokens: int = 0
+    predicted_ttft_s: dict[str, float] = field(default_factory=dict)  # TTFT model: replica -> predicted TTFT
+    raw_ttft_s: float = 0.0  # the chosen replica's predicted TTFT before its measured correction
 
 
 class KVRouter:
     """Decides among the replicas of one model group."""
 
     def __init__(self, group: str, index: KVIndex, cost: CostModel, siblings: SiblingIndex,
-                 backend: str = "memory") -> None:
+                 backend: str = "memory", rates: RateBook | None = None) -> None:
         self.group = group
         self.index = index
         self.cost = cost
         self.siblings = siblings
         self.backend = backend
+        self.rates = rates if rates is not None else RateBook(cost.ttft) if cost.ttft is not None else None
+        self.last_ttft: dict[str, float] = {}  # the latest decision's predicted TTFT per candidate
         # Checked once: an index that can carry the load read in its lookup's round trip.
         self.riding: RidingLookup | None = index if isinstance(index, RidingLookup) else None
 
@@ -143,7 +157,14 @@ class KVRouter:
             self._candidate(r, matches.get(r, ReplicaMatch()), load_map.get(r), gauges.get(r), sib.get(r, 0))
             for r in candidates
         ]
+        if self.rates is not None and self.cost.ttft is not None:
+            for c in cands:
+                c.rates = self.rates.rates(c.replica)
         d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
+        if d.ttft_s:
+            self.last_ttft = d.ttft_s
+            for r, t in d.ttft_s.items():
+                PREDICTED_TTFT.labels(self.group, r).set(t)
         if hashes:
             self.siblings.record(d.replica, hashes)
         DECISIONS.labels(self.group, d.reason).inc()
@@ -153,7 +174,8 @@ class KVRouter:
         exact_hits = {r: min(m.blocks, limit) * hasher.block_size for r, m in matches.items() if m.blocks}
         return RoutingResult(
             replica=d.replica, reason=d.reason, predicted_hit_tokens=exact_hits.get(d.replica, 0), prompt_tokens=L,
-            wire_hashes=hashes, hit_tokens=exact_hits,
+            wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
+            predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s,
         )
 
     @staticmethod

@@ -21,6 +21,13 @@ class Gauges:
     waiting: int = 0
     running: int = 0
     kv_usage: float = 0.0
+    # Cumulative histogram sums and counts, observed when a request finishes (as vLLM does):
+    prefill_s_sum: float = 0.0  # vllm:request_prefill_time_seconds
+    prefill_count: int = 0
+    prefill_tokens_sum: int = 0  # vllm:request_prefill_kv_computed_tokens
+    itl_s_sum: float = 0.0  # vllm:inter_token_latency_seconds
+    itl_count: int = 0
+    output_tokens_sum: int = 0  # vllm:request_generation_tokens
 
 
 class Strategy(Protocol):

@@ -68,6 +68,8 @@ class Replica:
         self.rho_t = 0.0
         self.seq = 0
         self.gauges = Gauges()
+        self.totals = Gauges()  # the cumulative timing figures, copied to ``gauges`` at each scrape
+        self.prefill_s: dict[int, float] = {}  # rid -> prefill duration, observed at finish
 
 
 class Simulation:
@@ -120,6 +122,10 @@ class Simulation:
             g.waiting = len(rep.waiting) + (1 if rep.prefilling else 0)
             g.running = rep.running
             g.kv_usage = rep.cache.used_fraction
+            t = rep.totals
+            g.prefill_s_sum, g.prefill_count = t.prefill_s_sum, t.prefill_count
+            g.prefill_tokens_sum = t.prefill_tokens_sum
+            g.itl_s_sum, g.itl_count, g.output_tokens_sum = t.itl_s_sum, t.itl_count, t.output_tokens_sum
 
     async def _arrive(self, req: SimRequest) -> None:
         view = [r.gauges for r in self.replicas]
@@ -153,6 +159,7 @@ class Simulation:
         self.outcomes[req.rid].hit_tokens = hit
         dur = self.cfg.model.prefill_s(req.prompt_tokens - hit, hit, rep.running, rep.context)
         rep.prefilling = req
+        rep.prefill_s[req.rid] = dur
         rep.busy_until = self.now + dur
         self._push(self.now + dur, _FIRST, req)
         if self._listen and (alloc.stored or alloc.removed):
@@ -192,6 +199,12 @@ class Simulation:
         model = self.cfg.model
         itl = model.decode_step_s(rep.running, rep.context) + rep.rho * model.chunk_s()
         out.itl_s = itl
+        if req.output_tokens > 1:
+            # vLLM observes each step's inter-token latency as it runs; this model fixes a request's ITL
+            # when it starts decoding, so its steps are counted then.
+            t = rep.totals
+            t.itl_s_sum += itl * (req.output_tokens - 1)
+            t.itl_count += req.output_tokens - 1
         self._push(self.now + itl * max(0, req.output_tokens - 1), _FINISH, req)
         await self.strategy.on_first_token(req, out.replica)
         self._try_admit(rep)
@@ -203,6 +216,11 @@ class Simulation:
         rep.running -= 1
         rep.context -= req.prompt_tokens + req.output_tokens / 2
         alloc = self._alloc.pop(req.rid)
+        t = rep.totals
+        t.prefill_s_sum += rep.prefill_s.pop(req.rid, 0.0)
+        t.prefill_count += 1
+        t.prefill_tokens_sum += req.prompt_tokens - out.hit_tokens
+        t.output_tokens_sum += req.output_tokens
         stored = rep.cache.release(alloc, req.prompt_tokens, req.output_tokens, req.output_blocks)
         if self._listen and stored:
             parent = req.blocks[alloc.n_full_prompt - 1] if alloc.n_full_prompt else None

@@ -23,6 +23,7 @@ from litellm_kv.index.base import KVIndex
 from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
 from litellm_kv.routing.load import InMemoryLoadTracker
 from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
 from litellm_kv.simulator.interface import Gauges, Strategy
 from litellm_kv.simulator.workload import SimRequest
 from litellm_kv.vllm.events import AllBlocksCleared, decode_event_batch, to_block_ops
@@ -352,18 +353,25 @@ class DynamoCost(_EventDriven):
 
 
 class LitellmKV(_EventDriven):
-    """litellm-kv with its defaults: the project's CostModel, sibling index and load tracker."""
+    """litellm-kv with its defaults: the project's CostModel (TTFT model, rates learned from the simulated
+    engines' prefill and inter-token histograms and the TTFTs the router sees), sibling index and load
+    tracker."""
 
     name = "litellm-kv"
+    cost_model = "ttft"
 
     def __init__(self, seed: int = 0, index: KVIndex | None = None, cost: CostSettings | None = None,
-                 sibling_ttl_s: float = 5.0) -> None:
+                 sibling_ttl_s: float = 5.0, ttft: TtftSettings | None = None) -> None:
         super().__init__(seed, index)
-        self.model = CostModel(cost or CostSettings(), seed=seed)
+        tc = (ttft or TtftSettings()) if self.cost_model == "ttft" else None
+        self.model = CostModel(cost or CostSettings(), seed=seed, ttft=tc)
+        self.rates = RateBook(tc or TtftSettings())
         self.sibling_ttl_s = sibling_ttl_s
         self.siblings = SiblingIndex(ttl_s=sibling_ttl_s)
         self.load = InMemoryLoadTracker()
         self.reasons: dict[str, int] = {}
+        self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
+        self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
 
     async def start(self, replicas: list[str], block_size: int, clock: Callable[[], float]) -> None:
         await super().start(replicas, block_size, clock)
@@ -374,12 +382,19 @@ class LitellmKV(_EventDriven):
         m = await self.matches(req)
         sib = self.siblings.lookup(req.blocks) if self.model.cfg.sibling_credit > 0 else {}
         loads = await self.load.snapshot(GROUP, self.replicas)
+        ttft_on = self.model.ttft is not None
         cands = []
         for i, r in enumerate(self.replicas):
             ld, g = loads[r], gauges[i]
             kw: dict[str, Any] = {}
             if r in m:
                 kw["match"] = m[r]
+            if ttft_on:
+                # What a scrape of the engine's /metrics gives (the book ignores an unchanged scrape).
+                self.rates.observe_engine(r, EngineTimings(g.prefill_s_sum, g.prefill_count, g.prefill_tokens_sum,
+                                                           g.itl_s_sum, g.itl_count, g.output_tokens_sum,
+                                                           g.prefill_count))
+                kw["rates"] = self.rates.rates(r)
             cands.append(Candidate(
                 r, inflight_prefill_tokens=ld.prefill_tokens, inflight_decode=ld.decode,
                 engine_waiting=g.waiting, engine_running=g.running, kv_usage=g.kv_usage,
@@ -390,6 +405,8 @@ class LitellmKV(_EventDriven):
         idx = self.replicas.index(d.replica)
         if d.reason != "unique" or self.model.cfg.sibling_credit > 0:
             self.siblings.record(d.replica, req.blocks)
+        if ttft_on:
+            self._predicted[req.rid] = d.raw_ttft_s
         await self.load.begin(GROUP, d.replica, str(req.rid), req.prompt_tokens - d.predicted_hit_tokens)
         self.sent(req, idx, req.prompt_tokens - d.predicted_hit_tokens)
         return idx, d.predicted_hit_tokens
@@ -397,14 +414,27 @@ class LitellmKV(_EventDriven):
     async def on_first_token(self, req: SimRequest, idx: int) -> None:
         await super().on_first_token(req, idx)
         await self.load.first_token(str(req.rid))
+        raw = self._predicted.pop(req.rid, None)
+        if raw is not None:
+            r = self.replicas[idx]
+            measured = self.clock() - req.arrival_s
+            self.ttft_errors.append(measured - raw * self.rates.rates(r).correction)
+            self.rates.observe_ttft(r, raw, measured)
 
     async def on_finish(self, req: SimRequest, idx: int) -> None:
         await super().on_finish(req, idx)
         await self.load.end(str(req.rid))
 
 
+class LitellmKVBlocks(LitellmKV):
+    """litellm-kv with ``cost_model: blocks`` (the token-equivalent cost it shipped first)."""
+
+    name = "litellm-kv-blocks"
+    cost_model = "blocks"
+
+
 STRATEGIES: dict[str, Callable[..., Strategy]] = {
     s.name: s
     for s in (RandomChoice, RoundRobin, LeastLoaded, SessionAffinity, PromptCachingNoMarkers, PrefixAware,
-              SGLangCacheAware, LlmdApproximate, DynamoCost, LitellmKV)
+              SGLangCacheAware, LlmdApproximate, DynamoCost, LitellmKVBlocks, LitellmKV)
 }

@@ -51,6 +51,17 @@ class EngineMetrics:
     num_gpu_blocks: int | None = None
     process_start_time: float | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
+    # Sums and counts of the timing histograms the TTFT cost model learns from (routing/ttft.py); all DP
+    # ranks summed. Empty when the engine exports none of them.
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+TIMING_SAMPLES = (  # in the field order of routing.ttft.EngineTimings
+    "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count",
+    "vllm:request_prefill_kv_computed_tokens_sum", "vllm:inter_token_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count", "vllm:request_generation_tokens_sum",
+    "vllm:request_generation_tokens_count",
+)
 
 
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -65,10 +76,15 @@ def _labels(raw: str | None) -> dict[str, str]:
 # delayed routing decisions whose Redis round trip was in flight (docs/performance.md).
 _WANTED_SAMPLE = re.compile(
     r"\n(vllm:num_requests_waiting|vllm:num_requests_running|vllm:kv_cache_usage_perc|vllm:prefix_cache_hits_total"
-    r"|vllm:prefix_cache_queries_total|process_start_time_seconds|vllm:cache_config_info)"
+    r"|vllm:prefix_cache_queries_total|process_start_time_seconds|vllm:cache_config_info"
+    r"|vllm:request_prefill_time_seconds_(?:sum|count)|vllm:request_prefill_kv_computed_tokens_sum"
+    r"|vllm:inter_token_latency_seconds_(?:sum|count)|vllm:request_generation_tokens_(?:sum|count))"
     r"(?:\{(.*)\})?[ \t]+(\S+)"
 )  # anchored on a literal newline (the body gets one in front), which lets the regex engine skip to line
 # starts, faster than ^ with MULTILINE and far faster than a full parse
+
+
+_TIMING = frozenset(TIMING_SAMPLES)
 
 
 def engine_metrics(text: str) -> EngineMetrics:
@@ -92,6 +108,8 @@ def engine_metrics(text: str) -> EngineMetrics:
             m.prefix_cache_hits = (m.prefix_cache_hits or 0.0) + value
         elif name == "vllm:prefix_cache_queries_total":
             m.prefix_cache_queries = (m.prefix_cache_queries or 0.0) + value
+        elif name in _TIMING:
+            m.timings[name] = m.timings.get(name, 0.0) + value
         elif name == "process_start_time_seconds":
             m.process_start_time = value
         elif name == "vllm:cache_config_info" and not m.cache_config:

@@ -178,3 +178,28 @@ def test_one_client_scrapes_from_two_event_loops() -> None:
     assert asyncio.run(scrape_once()).running == 3
     assert client is not None
     asyncio.run(client.aclose())
+
+
+def test_timing_histograms_for_the_ttft_model() -> None:
+    """Sums and counts of the prefill, inter-token and output-length histograms, summed over DP ranks; the
+    buckets and lookalike names are not read."""
+    body = BODY + (
+        'vllm:request_prefill_time_seconds_sum{engine="0",model_name="tiny"} 1.5\n'
+        'vllm:request_prefill_time_seconds_sum{engine="1",model_name="tiny"} 0.5\n'
+        'vllm:request_prefill_time_seconds_count{engine="0",model_name="tiny"} 10.0\n'
+        'vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 7.0\n'
+        'vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="tiny"} 12000.0\n'
+        'vllm:inter_token_latency_seconds_sum{engine="0",model_name="tiny"} 0.9\n'
+        'vllm:inter_token_latency_seconds_count{engine="0",model_name="tiny"} 300.0\n'
+        'vllm:request_generation_tokens_sum{engine="0",model_name="tiny"} 320.0\n'
+        'vllm:request_generation_tokens_count{engine="0",model_name="tiny"} 10.0\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 99.0\n'
+    )
+    t = engine_metrics(body).timings
+    assert t == {
+        "vllm:request_prefill_time_seconds_sum": 2.0, "vllm:request_prefill_time_seconds_count": 10.0,
+        "vllm:request_prefill_kv_computed_tokens_sum": 12000.0, "vllm:inter_token_latency_seconds_sum": 0.9,
+        "vllm:inter_token_latency_seconds_count": 300.0, "vllm:request_generation_tokens_sum": 320.0,
+        "vllm:request_generation_tokens_count": 10.0,
+    }
+    assert engine_metrics(BODY).timings == {}

@@ -1,0 +1,289 @@
+"""Per-replica timing rates, learned online: what the TTFT cost model predicts with.
+
+A replica's time to first token for a request is modelled as
+
+    ttft = correction · (queued + own + slowdown)
+    queued   = prefill_overhead_s · queued_requests + prefill_s_per_token · queued_tokens
+    own      = prefill_overhead_s + prefill_s_per_token · uncached_equivalent_tokens
+    slowdown = decode_step_s · ⌈(queued_tokens + uncached tokens) / chunk_tokens⌉   (only while it decodes)
+
+Three sources feed the rates, all bounded in memory (a few floats per replica):
+
+* **The engine's prefill histograms.** Every scrape of ``/metrics`` gives the cumulative sums and
+  counts of ``vllm:request_prefill_time_seconds`` and ``vllm:request_prefill_kv_computed_tokens`` (both
+  observed by vLLM when a request finishes, so their deltas pair up). Each scrape interval is one
+  observation ``Σ time = overhead · n + per_token · Σ tokens``; the two rates are the ridge-regularised
+  least-squares fit over exponentially decayed intervals, pulled toward the defaults with the weight of
+  ``prior_requests`` requests. Before any data (and while all requests have one size, when the two terms
+  cannot be told apart) the fit stays at the defaults; it moves to the engine's figures as data comes.
+* **The engine's inter-token latency** (``vllm:inter_token_latency_seconds``): the mean of each interval
+  is the decode step the replica runs now, the slowdown a chunk of prefill pays beside running decodes.
+* **The proxy's own measurements**: streamed responses give the time from the routing decision to the
+  first content chunk. The ratio of the decayed sums of measured to predicted TTFT, clamped to
+  ``correction_min`` .. ``correction_max``, corrects what the engine's figures miss (network, proxy, batching effects).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from litellm_kv.config import doc
+
+
+@dataclass(slots=True)
+class TtftSettings:
+    """Defaults and learning of the TTFT cost model (``model_groups.<g>.kv.ttft``)."""
+
+    prefill_s_per_token: float = doc(
+        "Seconds per uncached prompt token before the engine's figures are known (the default is an 8B "
+        "model on one H100: about 41 ms per 1,000 tokens).",
+        default=4.0e-5,
+    )
+    prefill_overhead_s: float = doc(
+        "Seconds per request of prefill besides its tokens (scheduling, sampling the first token) before "
+        "the engine's figures are known.",
+        default=0.005,
+    )
+    decode_step_s: float = doc(
+        "Seconds of one engine step beside running decodes before the engine's inter-token latency is known.",
+        default=0.008,
+    )
+    chunk_tokens: int = doc(
+        "The engines' --max-num-batched-tokens: prefill advances this many tokens per engine step, and each "
+        "step beside running decodes pays one decode step.",
+        default=2048,
+    )
+    work_weight: float = doc(
+        "Weight of the request's own prefill seconds added to its predicted TTFT: the time it takes from "
+        "every later request on that replica. 0 picks by this request's TTFT alone; higher values favour "
+        "cache hits over an idle replica when both would serve this request about as fast.",
+        default=0.5,
+    )
+    decode_weight: float = doc(
+        "Weight of the request's predicted decode time on a replica (its mean output length × that replica's "
+        "current decode step) in the cost: running decodes make every step of a busy replica slower, which "
+        "a TTFT alone does not see. 0 ignores decode.",
+        default=0.1,
+    )
+    output_tokens: float = doc(
+        "Output tokens per request assumed before the engines' vllm:request_generation_tokens is known.",
+        default=128.0,
+    )
+    recent_weight: float = doc(
+        "Weight of the decayed prefill work recently sent to a replica and no longer in flight, in seconds "
+        "at its prefill rate: the replica's recent share of the traffic, which spreads new prefixes the way "
+        "later requests will follow them, and paced sessions when nothing is in flight between turns.",
+        default=1.0,
+    )
+    prior_requests: float = doc(
+        "Weight of the defaults in the fit, in requests' worth of engine data: the learned rates take over "
+        "once the engine has reported more than this many prefills.",
+        default=20.0,
+    )
+    half_life_requests: float = doc(
+        "Engine observations halve in weight after this many more requests (the rates follow a replica "
+        "whose speed changes).",
+        default=500.0,
+    )
+    correction_half_life: float = doc(
+        "Proxy-measured TTFTs halve in weight after this many more responses.", default=200.0
+    )
+    correction_min: float = doc("Smallest factor the proxy's measured/predicted TTFT ratio may apply.",
+                                default=0.5)
+    correction_max: float = doc("Largest factor the proxy's measured/predicted TTFT ratio may apply.",
+                                default=4.0)
+
+    def validate(self) -> None:
+        for name in ("prefill_s_per_token", "decode_step_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        for name in ("prefill_overhead_s", "work_weight", "decode_weight", "output_tokens", "recent_weight",
+                     "prior_requests"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.chunk_tokens <= 0:
+            raise ValueError("chunk_tokens must be positive")
+        if not (self.half_life_requests > 0 and self.correction_half_life > 0):
+            raise ValueError("half lives must be positive")
+        if not 0 < self.correction_min <= 1.0 <= self.correction_max:
+            raise ValueError("need 0 < correction_min <= 1 <= correction_max")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineTimings:
+    """Cumulative timing figures of one replica's ``/metrics`` (sums and counts of vLLM histograms)."""
+
+    prefill_s_sum: float = 0.0
+    prefill_count: float = 0.0
+    prefill_tokens_sum: float = 0.0  # vllm:request_prefill_kv_computed_tokens (uncached tokens computed)
+    itl_s_sum: float = 0.0
+    itl_count: float = 0.0
+    output_tokens_sum: float = 0.0  # vllm:request_generation_tokens
+    output_count: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaRates:
+    """What the cost model uses for one replica (defaults until learned)."""
+
+    prefill_s_per_token: float
+    prefill_overhead_s: float
+    decode_step_s: float
+    output_tokens: float = 128.0
+    correction: float = 1.0
+    engine_prefills: float = 0.0  # prefills the fit has seen (decayed)
+    measured_ttfts: float = 0.0  # proxy-measured TTFTs behind the correction (decayed)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.engine_prefills > 0.0
+
+
+class _Learner:
+    """The learned state of one replica: a 2×2 weighted least-squares fit, a decode-step average and
+    the correction's two sums. A few floats."""
+
+    __slots__ = ("corr_meas", "corr_pred", "corr_w", "last", "nn", "ns", "nt", "out", "out_w", "rates", "step",
+                 "step_w", "ts", "tt", "w")
+
+    def __init__(self, cfg: TtftSettings) -> None:
+        self.last: EngineTimings | None = None
+        # Normal equations of  S = a·n + b·T  over intervals (n requests, T tokens, S seconds), decayed.
+        self.nn = self.nt = self.tt = self.ns = self.ts = self.w = 0.0
+        self.step = cfg.decode_step_s
+        self.step_w = 0.0
+        self.out = cfg.output_tokens
+        self.out_w = 0.0
+        self.corr_meas = self.corr_pred = self.corr_w = 0.0
+        self.rates = ReplicaRates(cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s,
+                                  cfg.output_tokens)
+
+
+class RateBook:
+    """Learned rates of every replica of one model group. Memory: one small learner per replica (the
+    caller drops replicas that leave with :meth:`forget`)."""
+
+    def __init__(self, cfg: TtftSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg or TtftSettings()
+        self._clock = clock
+        self._by: dict[str, _Learner] = {}
+        self._default = ReplicaRates(self.cfg.prefill_s_per_token, self.cfg.prefill_overhead_s,
+                                     self.cfg.decode_step_s, self.cfg.output_tokens)
+
+    def rates(self, replica: str) -> ReplicaRates:
+        lr = self._by.get(replica)
+        return lr.rates if lr is not None else self._default
+
+    def _learner(self, replica: str) -> _Learner:
+        lr = self._by.get(replica)
+        if lr is None:
+            lr = self._by[replica] = _Learner(self.cfg)
+        return lr
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the learners of replicas not in ``keep``."""
+        wanted = set(keep)
+        for r in [r for r in self._by if r not in wanted]:
+            del self._by[r]
+
+    # -- engine figures ---------------------------------------------------------------------------------
+    def observe_engine(self, replica: str, now: EngineTimings) -> None:
+        """One scrape's cumulative figures; the change since the previous scrape is one observation. A
+        counter that went back (engine restarted) starts a new baseline."""
+        lr = self._learner(replica)
+        prev, lr.last = lr.last, now
+        if prev is None:
+            return
+        n = now.prefill_count - prev.prefill_count
+        tokens = now.prefill_tokens_sum - prev.prefill_tokens_sum
+        secs = now.prefill_s_sum - prev.prefill_s_sum
+        if n < 0 or tokens < 0 or secs < 0:
+            return
+        cfg = self.cfg
+        if n > 0:
+            keep = 0.5 ** (n / cfg.half_life_requests)
+            # Each request's share of the interval, so an interval of many requests weighs as many.
+            mn, mt, ms = 1.0, tokens / n, secs / n
+            lr.nn = lr.nn * keep + n * mn * mn
+            lr.nt = lr.nt * keep + n * mn * mt
+            lr.tt = lr.tt * keep + n * mt * mt
+            lr.ns = lr.ns * keep + n * mn * ms
+            lr.ts = lr.ts * keep + n * mt * ms
+            lr.w = lr.w * keep + n
+        steps = now.itl_count - prev.itl_count
+        step_secs = now.itl_s_sum - prev.itl_s_sum
+        if steps > 0 and step_secs >= 0:
+            keep = 0.5 ** (min(steps, cfg.half_life_requests) / cfg.half_life_requests)
+            lr.step = (lr.step * lr.step_w * keep + step_secs) / (lr.step_w * keep + steps)
+            lr.step_w = lr.step_w * keep + steps
+        outs = now.output_count - prev.output_count
+        out_tokens = now.output_tokens_sum - prev.output_tokens_sum
+        if outs > 0 and out_tokens >= 0:
+            keep = 0.5 ** (min(outs, cfg.half_life_requests) / cfg.half_life_requests)
+            lr.out = (lr.out * lr.out_w * keep + out_tokens) / (lr.out_w * keep + outs)
+            lr.out_w = lr.out_w * keep + outs
+        self._refit(lr)
+
+    def _refit(self, lr: _Learner) -> None:
+        cfg = self.cfg
+        a0, b0 = cfg.prefill_overhead_s, cfg.prefill_s_per_token
+        # Ridge toward the defaults: prior_requests pseudo-requests of the typical size seen, timed by the
+        # defaults. Collinear data (one request size) then resolves to the defaults' split of the time.
+        p = cfg.prior_requests
+        mt = lr.nt / lr.nn if lr.nn > 0 else 1000.0
+        pn, pt = p, p * mt
+        nn = lr.nn + pn
+        nt = lr.nt + pt
+        tt = lr.tt + p * mt * mt
+        ns = lr.ns + pn * (a0 + b0 * mt)
+        ts = lr.ts + pt * (a0 + b0 * mt)
+        # The ridge pull toward a0 separately (else any a, b on the line through the data fits the prior):
+        lam = p * 0.01
+        nn_r = nn + lam
+        ns_r = ns + lam * a0
+        det = nn_r * tt - nt * nt
+        a, b = a0, b0
+        if det > 0:
+            a = (ns_r * tt - nt * ts) / det
+            b = (nn_r * ts - nt * ns_r) / det
+        if b <= 0 or a < 0 or not (math.isfinite(a) and math.isfinite(b)):
+            # Outside the model's domain: keep the default overhead, the per-token rate from the data.
+            a = a0
+            b = max(1e-9, (ts - a * nt) / tt) if tt > 0 else b0
+        corr = 1.0
+        if lr.corr_w > 0 and lr.corr_pred > 0:
+            corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
+        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.w, lr.corr_w)
+
+    # -- the proxy's own measurements ---------------------------------------------------------------
+    def observe_ttft(self, replica: str, predicted_s: float, measured_s: float) -> None:
+        """A response's measured time to first token against what was predicted for it (uncorrected
+        prediction: the correction is the ratio of the two)."""
+        if not (predicted_s > 0 and measured_s >= 0 and math.isfinite(measured_s)):
+            return
+        lr = self._learner(replica)
+        keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
+        lr.corr_meas = lr.corr_meas * keep + measured_s
+        lr.corr_pred = lr.corr_pred * keep + predicted_s
+        lr.corr_w = lr.corr_w * keep + 1.0
+        self._refit(lr)
+
+    def status(self) -> dict[str, dict[str, float | bool]]:
+        """Per replica: the rates in use and how much data is behind them (for /litellm-kv/health)."""
+        out: dict[str, dict[str, float | bool]] = {}
+        for r, lr in self._by.items():
+            x = lr.rates
+            out[r] = {
+                "prefill_ms_per_1k_tokens": round(x.prefill_s_per_token * 1e6, 3),
+                "prefill_overhead_ms": round(x.prefill_overhead_s * 1e3, 3),
+                "decode_step_ms": round(x.decode_step_s * 1e3, 3),
+                "output_tokens": round(x.output_tokens, 1),
+                "correction": round(x.correction, 3),
+                "engine_prefills": round(x.engine_prefills, 1),
+                "measured_ttfts": round(x.measured_ttfts, 1),
+                "calibrated": x.calibrated,
+            }
+        return out

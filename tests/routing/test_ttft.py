@@ -1,0 +1,179 @@
+"""The TTFT cost model: rates learned from engine timing histograms and measured TTFTs (RateBook), and the
+choices the cost makes with them (CostModel with TtftSettings). Pure units: the engines' real /metrics bodies
+are parsed in tests/vllm/test_engine_metrics.py and the simulator drives the whole loop in
+tests/simulator/test_sim.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
+from litellm_kv.routing.ttft import EngineTimings, RateBook, ReplicaRates, TtftSettings
+
+BS = 16
+
+
+def _feed(book: RateBook, replica: str, requests: list[tuple[int, float]], per_scrape: int = 3) -> None:
+    """Scrapes of cumulative figures for ``requests`` = [(computed tokens, prefill seconds)]."""
+    n = tokens = secs = 0.0
+    book.observe_engine(replica, EngineTimings())
+    for i, (t, s) in enumerate(requests, 1):
+        n, tokens, secs = n + 1, tokens + t, secs + s
+        if i % per_scrape == 0:
+            book.observe_engine(replica, EngineTimings(secs, n, tokens))
+
+
+def test_defaults_before_any_data() -> None:
+    cfg = TtftSettings()
+    book = RateBook(cfg)
+    r = book.rates("never-seen")
+    assert (r.prefill_s_per_token, r.prefill_overhead_s, r.decode_step_s, r.correction) == (
+        cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s, 1.0)
+    assert not r.calibrated
+    book.observe_engine("a", EngineTimings(5.0, 10, 1000))  # a first scrape is only a baseline
+    assert book.rates("a").prefill_s_per_token == cfg.prefill_s_per_token
+
+
+def test_learns_overhead_and_per_token_rate_from_varied_requests() -> None:
+    # A CPU-like engine: 10 ms per request + 20 ms per 1,000 tokens, requests of 200..4,000 tokens.
+    book = RateBook(TtftSettings())
+    sizes = [200 + (i * 733) % 3800 for i in range(1000)]
+    _feed(book, "a", [(t, 0.010 + 2.0e-5 * t) for t in sizes])
+    r = book.rates("a")
+    assert r.calibrated
+    assert r.prefill_s_per_token == pytest.approx(2.0e-5, rel=0.05)
+    assert r.prefill_overhead_s == pytest.approx(0.010, rel=0.2)
+
+
+def test_one_request_size_keeps_the_default_split_and_matches_the_time() -> None:
+    cfg = TtftSettings()
+    book = RateBook(cfg)
+    _feed(book, "a", [(1000, 0.1)] * 1000)
+    r = book.rates("a")
+    # Overhead and per-token rate cannot be told apart; the prediction for that size is still right.
+    assert r.prefill_overhead_s + 1000 * r.prefill_s_per_token == pytest.approx(0.1, rel=0.05)
+    assert r.prefill_overhead_s == pytest.approx(cfg.prefill_overhead_s, rel=0.5)
+
+
+def test_counter_reset_starts_a_new_baseline() -> None:
+    book = RateBook(TtftSettings())
+    _feed(book, "a", [(1000, 0.03)] * 60)
+    before = book.rates("a")
+    book.observe_engine("a", EngineTimings(0.1, 1, 10))  # engine restarted: counters went back
+    assert book.rates("a") == before
+    book.observe_engine("a", EngineTimings(0.1 + 0.03 * 3, 4, 10 + 3000))
+    assert book.rates("a").prefill_s_per_token == pytest.approx(before.prefill_s_per_token, rel=0.1)
+
+
+def test_decode_step_and_output_length_follow_the_engine() -> None:
+    book = RateBook(TtftSettings())
+    book.observe_engine("a", EngineTimings())
+    book.observe_engine("a", EngineTimings(itl_s_sum=0.3 * 100, itl_count=100, output_tokens_sum=640,
+                                           output_count=10))
+    r = book.rates("a")
+    assert r.decode_step_s == pytest.approx(0.3)
+    assert r.output_tokens == pytest.approx(64.0)
+
+
+def test_measured_ttft_corrects_within_bounds() -> None:
+    cfg = TtftSettings(correction_min=0.5, correction_max=4.0)
+    book = RateBook(cfg)
+    for _ in range(50):
+        book.observe_ttft("a", predicted_s=0.1, measured_s=0.2)
+    assert book.rates("a").correction == pytest.approx(2.0)
+    for _ in range(50):
+        book.observe_ttft("b", predicted_s=0.1, measured_s=5.0)
+    assert book.rates("b").correction == 4.0
+    book.observe_ttft("c", predicted_s=0.0, measured_s=1.0)  # nothing predicted: ignored
+    book.observe_ttft("c", predicted_s=0.1, measured_s=math.nan)
+    assert book.rates("c").correction == 1.0
+
+
+def test_memory_is_bounded_by_the_replicas_kept() -> None:
+    book = RateBook(TtftSettings())
+    for i in range(100):
+        book.observe_ttft(f"r{i}", 0.1, 0.1)
+    book.forget(["r1", "r2"])
+    assert set(book.status()) == {"r1", "r2"}
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError):
+        TtftSettings(prefill_s_per_token=0).validate()
+    with pytest.raises(ValueError):
+        TtftSettings(correction_min=2.0).validate()
+    with pytest.raises(ValueError):
+        TtftSettings(work_weight=-1).validate()
+
+
+# -- the cost ---------------------------------------------------------------------------------------------
+def _model(**kw: float) -> CostModel:
+    return CostModel(CostSettings(), seed=0, ttft=TtftSettings(**kw))
+
+
+def test_hit_wins_when_queues_are_equal_and_predictions_are_in_seconds() -> None:
+    m = _model()
+    d = m.choose(4000, BS, [Candidate("hit", ReplicaMatch(gpu=200)), Candidate("cold")])
+    assert d.replica == "hit" and d.reason == "cache"
+    cfg = TtftSettings()
+    # Cold: overhead + 4,000 tokens; hit: overhead + the 800 tokens past the 3,200 cached.
+    assert d.ttft_s["cold"] == pytest.approx(cfg.prefill_overhead_s + 4000 * cfg.prefill_s_per_token)
+    assert d.ttft_s["hit"] == pytest.approx(cfg.prefill_overhead_s + 800 * cfg.prefill_s_per_token)
+    assert d.raw_ttft_s == pytest.approx(d.ttft_s["hit"])
+
+
+def test_a_long_queue_ahead_of_the_hit_sends_the_request_to_an_idle_replica() -> None:
+    m = _model()
+    busy = Candidate("hit", ReplicaMatch(gpu=200), inflight_prefill_tokens=60_000)
+    d = m.choose(4000, BS, [busy, Candidate("idle")])
+    assert d.replica == "idle" and d.reason == "load"
+    assert d.ttft_s["hit"] > d.ttft_s["idle"]
+
+
+def test_learned_rates_change_the_answer() -> None:
+    """The same queue is short on a fast replica and long on a slow one."""
+    fast = ReplicaRates(1e-5, 0.001, 0.005)
+    slow = ReplicaRates(2e-4, 0.001, 0.005)
+    cands = [Candidate("a", ReplicaMatch(gpu=100), inflight_prefill_tokens=8000, rates=fast), Candidate("b")]
+    assert _model().choose(2000, BS, cands).replica == "a"
+    cands[0].rates = slow
+    assert _model().choose(2000, BS, cands).replica == "b"
+
+
+def test_cpu_tier_hits_cost_a_transfer() -> None:
+    d = _model().choose(4000, BS, [Candidate("gpu", ReplicaMatch(gpu=200)), Candidate("cpu", ReplicaMatch(cpu=200))])
+    assert d.replica == "gpu"
+    assert d.ttft_s["cpu"] > d.ttft_s["gpu"]
+
+
+def test_running_decodes_slow_the_prefill_down() -> None:
+    d = _model().choose(3000, BS, [Candidate("quiet"), Candidate("decoding", inflight_decode=8)])
+    assert d.replica == "quiet" and d.reason == "unique"
+    assert d.ttft_s["decoding"] - d.ttft_s["quiet"] == pytest.approx(2 * TtftSettings().decode_step_s)
+
+
+def test_work_weight_keeps_siblings_together() -> None:
+    """A fan-out's second call: the first's 8K context is queued on 'a' (predicted there by sibling
+    prediction); 'b' is idle. By its own TTFT alone 'b' is about as fast; counting the 8K tokens it would
+    recompute, 'a' is cheaper."""
+    cands = lambda: [Candidate("a", sibling_blocks=500, inflight_prefill_tokens=8400), Candidate("b")]  # noqa: E731
+    assert _model(work_weight=0.0).choose(8400, BS, cands()).replica == "b"
+    assert _model(work_weight=0.5).choose(8400, BS, cands()).replica == "a"
+
+
+def test_imbalance_guard_still_acts() -> None:
+    cands = [Candidate("hot", ReplicaMatch(gpu=4000), inflight_prefill_tokens=100_000, inflight_decode=50,
+                       rates=ReplicaRates(1e-7, 0.0, 1e-6)),
+             Candidate("cool", inflight_prefill_tokens=1000)]
+    d = _model().choose(64_000, BS, cands)
+    assert d.replica == "cool" and d.reason == "imbalance"
+
+
+def test_blocks_model_is_still_there() -> None:
+    m = CostModel(CostSettings(), seed=0)
+    assert m.kind == "blocks" and _model().kind == "ttft"
+    d = m.choose(4000, BS, [Candidate("hit", ReplicaMatch(gpu=200)), Candidate("cold")])
+    assert d.replica == "hit" and d.ttft_s == {}
