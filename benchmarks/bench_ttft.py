@@ -38,7 +38,6 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +228,9 @@ async def main_async(args: argparse.Namespace) -> int:
         for name in names:
             for f in (args.control_loads or args.loads) if name == "unique" else args.loads:
                 rate = round(f * capacity, 2)
-                make: Callable[[], field.Workload] = lambda n=name, r=rate: field.make(n, r, **SIZES[n])  # noqa: E731
+                def make(n: str = name, r: float = rate) -> field.Workload:
+                    return field.make(n, r, **SIZES[n])
+
                 comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
                                      metric_prefixes=(ERROR_METRIC,))
                 s = cell_summary(comp)

@@ -99,8 +99,10 @@ async def main_async(args: argparse.Namespace) -> int:
               f"({', '.join(f'{f:.2f}x' for f in args.loads)})", flush=True)
         comps: list[Comparison] = []
         for rate in rates:
-            comp = await abc_cba(bed, lambda r=rate: field.chat_workload(rate=r, seed=args.seed, **sizes), rate,
-                                 runs=2, max_tokens=args.max_tokens)
+            def make(r: float = rate) -> field.Workload:
+                return field.chat_workload(rate=r, seed=args.seed, **sizes)
+
+            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens)
             comps.append(comp)
             checks = comp.checks
             print(f"\n{wl0.name} at {rate:.2f} req/s, both runs of each routing pooled "

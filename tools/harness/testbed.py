@@ -157,14 +157,14 @@ async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, ru
     every time, every prefix cache emptied before each run."""
     seq = abc_order(order, runs)
     wl = make()
-    runs: dict[str, list[OpenLoopRun]] = {g: [] for g in order}
-    comp = Comparison(wl.name, rate, runs)
+    by_routing: dict[str, list[OpenLoopRun]] = {g: [] for g in order}
+    comp = Comparison(wl.name, rate, by_routing)
     prefixes = ("litellm_kv_prediction_checks_total", *metric_prefixes)
     for i, g in enumerate(seq, 1):
         await asyncio.to_thread(reset_prefix_caches, bed.replicas)
         before = await kv_metrics(bed.proxy, prefixes) if g == KV else {}
         run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, make(), max_tokens=max_tokens)
-        runs[g].append(run)
+        by_routing[g].append(run)
         if g == KV:
             d = delta(await kv_metrics(bed.proxy, prefixes), before)
             comp.kv_deltas.append(d)
