@@ -33,7 +33,6 @@ import asyncio
 import datetime as dt
 import json
 import math
-import re
 import signal
 import statistics
 import sys
@@ -49,6 +48,7 @@ from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.demo import plot
 from tools.harness import field
 from tools.harness.testbed import (
+    ERROR_METRIC,
     KV,
     LABELS,
     LEAST_BUSY,
@@ -57,6 +57,7 @@ from tools.harness.testbed import (
     Comparison,
     abc_cba,
     fleet_speed,
+    histogram_abs_error,
     start_testbed,
 )
 
@@ -68,43 +69,6 @@ SIZES: dict[str, dict[str, Any]] = {
     "unique": {"n": 16, "prompt_tokens": 2500},
 }
 PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
-ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
-
-
-def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
-    """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
-    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s)."""
-    cum: dict[float, float] = {}
-    for d in deltas:
-        for k, v in d.items():
-            if k.startswith(ERROR_METRIC + "_bucket"):
-                m = re.search(r'le="([^"]+)"', k)
-                if m:
-                    le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
-                    cum[le] = cum.get(le, 0.0) + v
-    if not cum or not cum.get(math.inf):
-        return None
-    bounds = sorted(cum)
-    per: list[tuple[float, float, float]] = []  # (lower, upper, count) of each signed bucket
-    prev_le, prev_c = -math.inf, 0.0
-    for le in bounds:
-        per.append((prev_le, le, cum[le] - prev_c))
-        prev_le, prev_c = le, cum[le]
-    # |e| of a bucket (lo, hi] is at most max(|lo|, |hi|) (an open end: infinite).
-    folded = sorted((max(abs(lo), abs(hi)), n) for lo, hi, n in per if n > 0)
-    total = sum(n for _, n in folded)
-
-    def q(frac: float) -> float:
-        acc = 0.0
-        for bound, n in folded:
-            acc += n
-            if acc >= frac * total:
-                return bound
-        return math.inf
-
-    return {"n": int(total), "median_le_s": q(0.5), "p90_le_s": q(0.9)}
-
-
 def predicted_errors(comp: Comparison) -> list[float]:
     """|predicted - measured| TTFT in ms for litellm-kv's responses that carry a prediction."""
     errs = []

@@ -29,6 +29,7 @@ from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness import field
 from tools.harness.testbed import (
+    ERROR_METRIC,
     KV,
     LABELS,
     ROUTINGS,
@@ -36,6 +37,7 @@ from tools.harness.testbed import (
     abc_cba,
     fleet_speed,
     format_comparison,
+    histogram_abs_error,
     start_testbed,
 )
 
@@ -102,7 +104,7 @@ async def main_async(args: argparse.Namespace) -> int:
             def make(r: float = rate) -> field.Workload:
                 return field.chat_workload(rate=r, seed=args.seed, **sizes)
 
-            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens)
+            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens, metric_prefixes=(ERROR_METRIC,))
             comps.append(comp)
             checks = comp.checks
             print(f"\n{wl0.name} at {rate:.2f} req/s, both runs of each routing pooled "
@@ -110,7 +112,16 @@ async def main_async(args: argparse.Namespace) -> int:
             print(format_comparison(comp))
             total = sum(checks.values())
             print(f"litellm-kv prediction checks (predicted vs engine-reported cached tokens): "
-                  f"{checks.get('exact', 0)}/{total} exact {dict(sorted(checks.items()))}\n", flush=True)
+                  f"{checks.get('exact', 0)}/{total} exact {dict(sorted(checks.items()))}", flush=True)
+            err = histogram_abs_error(comp.kv_deltas)
+            if err:
+                print(f"litellm-kv predicted TTFT vs measured: |error| median <= {1000 * err['median_le_s']:.0f} ms, "
+                      f"p90 <= {1000 * err['p90_le_s']:.0f} ms ({err['n']} streamed responses; histogram bounds)")
+            print(flush=True)
+        health = bed.proxy.kv_health(KV)
+        if "cost_model" in health:
+            print(f"[demo] litellm-kv cost model: {health['cost_model']}; learned per replica: "
+                  f"{json.dumps(health.get('rates'))}")
         if args.plot:
             points = [(c.rate, {g: (1000 * c.pooled(g).ttft(), 1000 * c.pooled(g).ttft(0.95)) for g in ROUTINGS})
                       for c in comps]

@@ -13,7 +13,7 @@ from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness import field
 from tools.harness.engines import MODEL_DIR
-from tools.harness.testbed import abc_order
+from tools.harness.testbed import abc_order, histogram_abs_error
 
 
 def test_same_seed_same_requests_and_rate_only_moves_times() -> None:
@@ -86,3 +86,14 @@ def test_quantile_and_pooling() -> None:
 def test_abc_order_puts_every_routing_early_and_late() -> None:
     assert abc_order("ABC", 2) == list("ABCCBA")
     assert abc_order("ABC", 3) == list("ABCCBAABC")
+
+
+def test_abs_error_quantiles_from_the_signed_histogram() -> None:
+    b = "litellm_kv_ttft_prediction_error_seconds_bucket"
+    run1 = {f'{b}{{le="-0.1",model_group="g"}}': 1.0, f'{b}{{le="0.0",model_group="g"}}': 5.0,
+            f'{b}{{le="0.05",model_group="g"}}': 9.0, f'{b}{{le="+Inf",model_group="g"}}': 10.0}
+    # |e| <= 0.05: 4 (0, 0.05]; <= 0.1: 4 more (-0.1, 0]; beyond: 1 below -0.1 and 1 above 0.05.
+    assert histogram_abs_error([run1]) == {"n": 10, "median_le_s": 0.1, "p90_le_s": math.inf}
+    doubled = histogram_abs_error([run1, run1])
+    assert doubled is not None and doubled["n"] == 20
+    assert histogram_abs_error([{}]) is None

@@ -17,6 +17,7 @@ routes the same replicas three ways, and an A-B-C-C-B-A runner over them (shared
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -186,6 +187,43 @@ async def fleet_speed(bed: Testbed, n: int = 3) -> float:
         run = await run_open_loop(bed.proxy.url, MASTER_KEY, SHUFFLE, one)
         times.append(run.outcomes[0].e2e_s)
     return statistics.median(times)
+
+
+ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
+
+
+def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
+    """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
+    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s)."""
+    cum: dict[float, float] = {}
+    for d in deltas:
+        for k, v in d.items():
+            if k.startswith(ERROR_METRIC + "_bucket"):
+                m = re.search(r'le="([^"]+)"', k)
+                if m:
+                    le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+                    cum[le] = cum.get(le, 0.0) + v
+    if not cum or not cum.get(math.inf):
+        return None
+    bounds = sorted(cum)
+    per: list[tuple[float, float, float]] = []  # (lower, upper, count) of each signed bucket
+    prev_le, prev_c = -math.inf, 0.0
+    for le in bounds:
+        per.append((prev_le, le, cum[le] - prev_c))
+        prev_le, prev_c = le, cum[le]
+    # |e| of a bucket (lo, hi] is at most max(|lo|, |hi|) (an open end: infinite).
+    folded = sorted((max(abs(lo), abs(hi)), n) for lo, hi, n in per if n > 0)
+    total = sum(n for _, n in folded)
+
+    def q(frac: float) -> float:
+        acc = 0.0
+        for bound, n in folded:
+            acc += n
+            if acc >= frac * total:
+                return bound
+        return math.inf
+
+    return {"n": int(total), "median_le_s": q(0.5), "p90_le_s": q(0.9)}
 
 
 def format_comparison(c: Comparison) -> str:
