@@ -81,7 +81,9 @@ def start_testbed(replicas: int = 2, *, kv_cache: str = KV_CACHE, kv_overrides: 
     reps = start_replicas(replicas, kv_cache_bytes=kv_cache, model="ttft", max_model_len=MAX_MODEL_LEN,
                           env=ENGINE_ENV, name_prefix=name)
     try:
-        proxy = start_proxy(proxy_config(reps, kv_overrides), name=f"{name}-proxy")
+        # A generous start-up bound: on this shared 2-core machine a proxy beside two busy engines has taken
+        # more than the harness's default 120 s to answer.
+        proxy = start_proxy(proxy_config(reps, kv_overrides), name=f"{name}-proxy", timeout=300)
     except BaseException:
         for r in reps:
             r.stop()
