@@ -190,8 +190,9 @@ async def main_async(args: argparse.Namespace) -> int:
         capacity = args.replicas / unit
         print(f"[bench] one uncached request {1000 * unit:.0f} ms -> ~{capacity:.2f} req/s without hits", flush=True)
         for name in names:
-            for f in (args.control_loads or args.loads) if name == "unique" else args.loads:
-                rate = round(f * capacity, 2)
+            fractions = (args.control_loads or args.loads) if name == "unique" else args.loads
+            fixed = (args.control_rates or args.rates) if name == "unique" else args.rates
+            for f, rate in zip(fractions, fixed or [round(f * capacity, 2) for f in fractions], strict=False):
                 def make(n: str = name, r: float = rate) -> field.Workload:
                     return field.make(n, r, **SIZES[n])
 
@@ -225,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.9])
     ap.add_argument("--control-loads", type=lambda s: [float(x) for x in s.split(",")], default=None,
                     help="load levels for the unique control (default: --loads)")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                    help="fixed request rates instead of --loads x the measured speed (to compare two runs)")
+    ap.add_argument("--control-rates", type=lambda s: [float(x) for x in s.split(",")], default=None)
     ap.add_argument("--runs", type=int, default=3, help="runs per routing per cell (>= 3 for the must-show)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
