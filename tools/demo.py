@@ -12,7 +12,7 @@ and "past the knee" mean the same on a fast or a busy machine. Printed per level
 and litellm-kv's prediction checks; at the end a PNG of TTFT against load (``--plot``).
 
 Run through ``bash scripts/demo.sh`` (which sets everything up first), or directly:
-``.venv/bin/python -m tools.demo [--loads 0.6,1.2] [--plot docs/img/demo-ttft.png]``.
+``.venv/bin/python -m tools.demo [--loads 0.5,1.0] [--plot docs/img/demo-ttft.png]``.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--kv-cache", default="16M", help="KV cache bytes per replica (512 blocks of 32 tokens)")
-    ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 1.2],
+    ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 1.0],
                     help="load levels as fractions of what the fleet serves without cache hits")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=5)
