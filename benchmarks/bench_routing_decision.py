@@ -39,7 +39,7 @@ from litellm_kv.config import Settings, parse_section
 from litellm_kv.index.base import BlockOp, KVIndex, ReplicaMatch, Tier
 from litellm_kv.integration.callback import _freeze_startup_heap
 from litellm_kv.integration.routing_hooks import KVRoutingHandler
-from litellm_kv.routing.cost import CostModel, CostSettings
+from litellm_kv.routing.cost import CostModel
 from litellm_kv.routing.fleet import ReplicaState, replica_id
 from litellm_kv.routing.group import KVGroup
 from litellm_kv.routing.router import KVRouter
@@ -221,7 +221,7 @@ async def run_backend(backend: str, redis_url: str | None, model_dir: str, args:
     prompts = Prompts(g.tokenizer, seed=1)
     stage_tok = LocalChatTokenizer(model_dir)
     stage_hasher = BlockHasher(ALGO, BLOCK)
-    cost = CostModel(parse_section(CostSettings, {}, "cost"))
+    cost = g.router.cost  # the group's own cost model (the default: TTFT)
     if not args.no_freeze:
         _freeze_startup_heap()  # what the proxy does once its start-up is done (freeze_startup_heap)
     cells: list[Cell] = []

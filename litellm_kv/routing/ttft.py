@@ -11,11 +11,10 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
 
 * **The engine's prefill histograms.** Every scrape of ``/metrics`` gives the cumulative sums and
   counts of ``vllm:request_prefill_time_seconds`` and ``vllm:request_prefill_kv_computed_tokens`` (both
-  observed by vLLM when a request finishes, so their deltas pair up). Each scrape interval is one
-  observation ``Σ time = overhead · n + per_token · Σ tokens``; the two rates are the ridge-regularised
-  least-squares fit over exponentially decayed intervals, pulled toward the defaults with the weight of
-  ``prior_requests`` requests. Before any data (and while all requests have one size, when the two terms
-  cannot be told apart) the fit stays at the defaults; it moves to the engine's figures as data comes.
+  observed by vLLM when a request finishes, so their deltas pair up). The per-token rate is the decayed
+  prefill time beyond the per-request overhead (``prefill_overhead_s``) over the decayed computed tokens,
+  with ``prior_requests`` requests at the default rate mixed in: the defaults before any data, the
+  engine's figures as data comes.
 * **The engine's inter-token latency** (``vllm:inter_token_latency_seconds``): the mean of each interval
   is the decode step the replica runs now, the slowdown a chunk of prefill pays beside running decodes.
 * **The proxy's own measurements**: streamed responses give the time from the routing decision to the
@@ -43,8 +42,8 @@ class TtftSettings:
         default=4.0e-5,
     )
     prefill_overhead_s: float = doc(
-        "Seconds per request of prefill besides its tokens (scheduling, sampling the first token) before "
-        "the engine's figures are known.",
+        "Seconds per request of prefill besides its tokens (scheduling, sampling the first token); the "
+        "per-token rate is learned beyond it.",
         default=0.005,
     )
     decode_step_s: float = doc(
@@ -66,7 +65,7 @@ class TtftSettings:
         "Weight of the request's predicted decode time on a replica (its mean output length × that replica's "
         "current decode step) in the cost: running decodes make every step of a busy replica slower, which "
         "a TTFT alone does not see. 0 ignores decode.",
-        default=0.1,
+        default=0.3,
     )
     output_tokens: float = doc(
         "Output tokens per request assumed before the engines' vllm:request_generation_tokens is known.",
@@ -81,7 +80,7 @@ class TtftSettings:
     prior_requests: float = doc(
         "Weight of the defaults in the fit, in requests' worth of engine data: the learned rates take over "
         "once the engine has reported more than this many prefills.",
-        default=20.0,
+        default=5.0,
     )
     half_life_requests: float = doc(
         "Engine observations halve in weight after this many more requests (the rates follow a replica "
@@ -89,7 +88,7 @@ class TtftSettings:
         default=500.0,
     )
     correction_half_life: float = doc(
-        "Proxy-measured TTFTs halve in weight after this many more responses.", default=200.0
+        "Proxy-measured TTFTs halve in weight after this many more responses.", default=50.0
     )
     correction_min: float = doc("Smallest factor the proxy's measured/predicted TTFT ratio may apply.",
                                 default=0.5)
@@ -147,12 +146,12 @@ class _Learner:
     the correction's two sums. A few floats."""
 
     __slots__ = ("corr_meas", "corr_pred", "corr_w", "last", "nn", "ns", "nt", "out", "out_w", "rates", "step",
-                 "step_w", "ts", "tt", "w")
+                 "step_w")
 
     def __init__(self, cfg: TtftSettings) -> None:
         self.last: EngineTimings | None = None
-        # Normal equations of  S = a·n + b·T  over intervals (n requests, T tokens, S seconds), decayed.
-        self.nn = self.nt = self.tt = self.ns = self.ts = self.w = 0.0
+        # Decayed sums over scrape intervals: requests, computed tokens, prefill seconds.
+        self.nn = self.nt = self.ns = 0.0
         self.step = cfg.decode_step_s
         self.step_w = 0.0
         self.out = cfg.output_tokens
@@ -205,14 +204,9 @@ class RateBook:
         cfg = self.cfg
         if n > 0:
             keep = 0.5 ** (n / cfg.half_life_requests)
-            # Each request's share of the interval, so an interval of many requests weighs as many.
-            mn, mt, ms = 1.0, tokens / n, secs / n
-            lr.nn = lr.nn * keep + n * mn * mn
-            lr.nt = lr.nt * keep + n * mn * mt
-            lr.tt = lr.tt * keep + n * mt * mt
-            lr.ns = lr.ns * keep + n * mn * ms
-            lr.ts = lr.ts * keep + n * mt * ms
-            lr.w = lr.w * keep + n
+            lr.nn = lr.nn * keep + n
+            lr.nt = lr.nt * keep + tokens
+            lr.ns = lr.ns * keep + secs
         steps = now.itl_count - prev.itl_count
         step_secs = now.itl_s_sum - prev.itl_s_sum
         if steps > 0 and step_secs >= 0:
@@ -229,34 +223,20 @@ class RateBook:
 
     def _refit(self, lr: _Learner) -> None:
         cfg = self.cfg
-        a0, b0 = cfg.prefill_overhead_s, cfg.prefill_s_per_token
-        # Ridge toward the defaults: prior_requests pseudo-requests of the typical size seen, timed by the
-        # defaults. Collinear data (one request size) then resolves to the defaults' split of the time.
-        p = cfg.prior_requests
+        a = cfg.prefill_overhead_s
+        # Seconds per computed token: the decayed time beyond the per-request overhead over the decayed tokens,
+        # with prior_requests requests of the typical size at the default rate added to both (so the defaults
+        # hold before data and the engine's figures take over as they come). A ratio of sums, not a
+        # two-parameter fit: histogram deltas of busy intervals mix request sizes, which leaves the overhead
+        # and the per-token rate poorly separable, and a ratio cannot go negative or diverge.
         mt = lr.nt / lr.nn if lr.nn > 0 else 1000.0
-        pn, pt = p, p * mt
-        nn = lr.nn + pn
-        nt = lr.nt + pt
-        tt = lr.tt + p * mt * mt
-        ns = lr.ns + pn * (a0 + b0 * mt)
-        ts = lr.ts + pt * (a0 + b0 * mt)
-        # The ridge pull toward a0 separately (else any a, b on the line through the data fits the prior):
-        lam = p * 0.01
-        nn_r = nn + lam
-        ns_r = ns + lam * a0
-        det = nn_r * tt - nt * nt
-        a, b = a0, b0
-        if det > 0:
-            a = (ns_r * tt - nt * ts) / det
-            b = (nn_r * ts - nt * ns_r) / det
-        if b <= 0 or a < 0 or not (math.isfinite(a) and math.isfinite(b)):
-            # Outside the model's domain: keep the default overhead, the per-token rate from the data.
-            a = a0
-            b = max(1e-9, (ts - a * nt) / tt) if tt > 0 else b0
+        prior_tokens = cfg.prior_requests * mt
+        b = (max(0.0, lr.ns - a * lr.nn) + prior_tokens * cfg.prefill_s_per_token) / max(1e-9, lr.nt + prior_tokens)
+        b = max(b, 1e-9)
         corr = 1.0
         if lr.corr_w > 0 and lr.corr_pred > 0:
             corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
-        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.w, lr.corr_w)
+        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.corr_w)
 
     # -- the proxy's own measurements ---------------------------------------------------------------
     def observe_ttft(self, replica: str, predicted_s: float, measured_s: float) -> None:

@@ -172,3 +172,42 @@ def test_fleet_adapter_resolution() -> None:
         await client.aclose()
 
     asyncio.run(run())
+
+
+def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> None:
+    """The TTFT model's plumbing in a group: the fleet hands each scrape's timing histograms to the group's
+    RateBook, a streamed response's measured TTFT corrects its replica, and the error histogram, the rate
+    gauges and the health view all show it."""
+    from prometheus_client import REGISTRY
+
+    from litellm_kv.routing.options import KVRoutingSettings
+    from litellm_kv.routing.ttft import EngineTimings
+
+    def run() -> KVGroup:
+        return KVGroup(G, KVRoutingSettings(ttft={"prefill_s_per_token": 1e-4}), InMemoryIndex(), None, True,
+                       "memory")
+
+    g = run()
+    assert g.router.cost.kind == "ttft"
+    assert g.fleet.on_timings is not None
+    g.fleet.on_timings(R[0], EngineTimings())
+    g.fleet.on_timings(R[0], EngineTimings(prefill_s_sum=0.005 * 50 + 2e-5 * 50_000, prefill_count=50,
+                                           prefill_tokens_sum=50_000))
+    learned = g.rates.rates(R[0]).prefill_s_per_token
+    assert 2e-5 < learned < 1e-4  # moved from the default toward the engine's 2e-5
+    assert REGISTRY.get_sample_value("litellm_kv_replica_rate", {"model_group": G, "replica": R[0],
+                                                                 "rate": "prefill_seconds_per_token"}) == learned
+    count = lambda: REGISTRY.get_sample_value("litellm_kv_ttft_prediction_error_seconds_count",  # noqa: E731
+                                              {"model_group": G}) or 0.0
+    before = count()
+    res = RoutingResult(replica=R[0], reason="cache", predicted_hit_tokens=0, prompt_tokens=1000,
+                        predicted_ttft_s={R[0]: 0.1, R[1]: 0.3}, raw_ttft_s=0.1)
+    for _ in range(20):
+        g.observe_ttft(res, 0.2)
+    assert count() == before + 20
+    assert g.rates.rates(R[0]).correction == pytest.approx(2.0)
+    status = g.status()
+    assert status["cost_model"] == "ttft" and status["rates"][R[0]]["calibrated"]
+    assert status["rates"][R[0]]["correction"] == pytest.approx(2.0)
+    blocks = KVGroup(G, KVRoutingSettings(cost_model="blocks"), InMemoryIndex(), None, True, "memory")
+    assert blocks.router.cost.kind == "blocks" and blocks.status()["cost_model"] == "blocks"

@@ -37,25 +37,30 @@ def test_defaults_before_any_data() -> None:
     assert book.rates("a").prefill_s_per_token == cfg.prefill_s_per_token
 
 
-def test_learns_overhead_and_per_token_rate_from_varied_requests() -> None:
-    # A CPU-like engine: 10 ms per request + 20 ms per 1,000 tokens, requests of 200..4,000 tokens.
-    book = RateBook(TtftSettings())
+def test_learns_the_per_token_rate_beyond_the_overhead() -> None:
+    # A CPU-like engine: 5 ms per request + 20 ms per 1,000 tokens, requests of 200..4,000 tokens.
+    book = RateBook(TtftSettings(prefill_overhead_s=0.005))
     sizes = [200 + (i * 733) % 3800 for i in range(1000)]
-    _feed(book, "a", [(t, 0.010 + 2.0e-5 * t) for t in sizes])
+    _feed(book, "a", [(t, 0.005 + 2.0e-5 * t) for t in sizes])
     r = book.rates("a")
     assert r.calibrated
     assert r.prefill_s_per_token == pytest.approx(2.0e-5, rel=0.05)
-    assert r.prefill_overhead_s == pytest.approx(0.010, rel=0.2)
 
 
-def test_one_request_size_keeps_the_default_split_and_matches_the_time() -> None:
-    cfg = TtftSettings()
+def test_a_few_prefills_move_the_rate_part_of_the_way() -> None:
+    cfg = TtftSettings(prior_requests=20)
     book = RateBook(cfg)
+    _feed(book, "a", [(1000, cfg.prefill_overhead_s + 1e-4 * 1000)] * 21)  # 2.5× the default rate
+    b = book.rates("a").prefill_s_per_token
+    assert cfg.prefill_s_per_token < b < 1e-4
+    assert b == pytest.approx((cfg.prefill_s_per_token + 1e-4) / 2, rel=0.05)  # 20 prior vs 20 seen (21 − baseline)
+
+
+def test_one_request_size_still_predicts_that_size_right() -> None:
+    book = RateBook(TtftSettings())
     _feed(book, "a", [(1000, 0.1)] * 1000)
     r = book.rates("a")
-    # Overhead and per-token rate cannot be told apart; the prediction for that size is still right.
     assert r.prefill_overhead_s + 1000 * r.prefill_s_per_token == pytest.approx(0.1, rel=0.05)
-    assert r.prefill_overhead_s == pytest.approx(cfg.prefill_overhead_s, rel=0.5)
 
 
 def test_counter_reset_starts_a_new_baseline() -> None:

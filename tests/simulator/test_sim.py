@@ -124,3 +124,38 @@ def test_generators_give_each_request_its_own_tail() -> None:
         assert len({tuple(r.blocks) for r in reqs}) == len(reqs)
     heads = {r.blocks[0] for r in shared_prefix(groups=2, prompts_per_group=3, rate=100.0)}
     assert len(heads) == 2
+
+
+def test_ttft_model_calibrates_from_the_engines_histograms_and_predicts_ttft() -> None:
+    """The simulated engines publish vLLM's prefill-time, computed-token, inter-token and output-length
+    histograms; litellm-kv's RateBook learns each replica's rates from them (and from the TTFTs it sees),
+    and its predictions land near the simulated TTFTs. Rates start from a deliberately wrong default (10×
+    the simulated H100's 41 ms per 1,000 tokens); the simulated prefill time of a short sibling call also
+    carries a decode step per chunk, so the learned per-token rate sits above 41 ms."""
+    from litellm_kv.routing.ttft import TtftSettings
+
+    reqs = agent_fanout(tasks=30, fanout=6, context_len=6000, rate=1.0, block_size=64)
+    cfg = SimSettings(replicas=4, block_size=64)
+    wrong = TtftSettings(prefill_s_per_token=4e-4)  # 10× the simulated H100's rate
+
+    async def go() -> tuple[Summary, LitellmKV]:
+        row, strat = await run_one(reqs, cfg, "litellm-kv", Slo(), lambda n, s: LitellmKV(seed=0, ttft=wrong))
+        assert isinstance(strat, LitellmKV)
+        return row, strat
+
+    row, strat = asyncio.run(go())
+    rates = strat.rates.status()
+    seen = [r for r in rates.values() if r["calibrated"]]  # replicas that finished requests
+    assert len(seen) >= 2
+    assert all(35 < r["prefill_ms_per_1k_tokens"] < 0.5 * 400 for r in seen), rates
+    errs = sorted(abs(e) for e in strat.ttft_errors[len(strat.ttft_errors) // 2:])  # once calibrated
+    assert errs[len(errs) // 2] < 0.1, errs[len(errs) // 2]
+    assert row.requests == len(reqs)
+
+
+def test_ttft_model_keeps_fanout_bursts_together_better_than_the_block_cost() -> None:
+    reqs = agent_fanout(tasks=30, fanout=8, rate=2.0, block_size=64)
+    cfg = SimSettings(replicas=4, block_size=64)
+    rows = {r.strategy: r for r in run_all(reqs, cfg, ["litellm-kv-blocks", "litellm-kv"], Slo())}
+    assert rows["litellm-kv"].hit_ratio > rows["litellm-kv-blocks"].hit_ratio + 0.05
+    assert rows["litellm-kv"].goodput_rps > rows["litellm-kv-blocks"].goodput_rps
