@@ -1,142 +1,159 @@
-"""The main job: real vLLM CPU replicas behind a real LiteLLM proxy with litellm-kv (embedded mode,
-in-memory index, no Redis), the same workload routed by litellm-kv and by LiteLLM's default
-``simple-shuffle``, and a table of what routing achieved.
+"""The main job: does KV-aware routing buy time? Two real vLLM CPU replicas shaped like GPU serving (the
+``ttft`` model: prefilling 1,024 uncached tokens costs several decode steps, as on a GPU), one real LiteLLM
+proxy routing the same replicas three ways (LiteLLM ``simple-shuffle``, LiteLLM ``least-busy``,
+litellm-kv with its defaults), and the same open-loop streamed workload through each.
+
+The workload is llm-d's shape scaled down (``tools/harness/field.py`` ``chat``): groups of users share a
+~2.5K-token system prompt, multi-turn, Poisson arrivals. At each load level every routing runs twice in
+A-B-C-C-B-A order, each run from empty prefix caches; the table pools both. Load levels are set from
+the fleet's measured speed at start-up (a fraction of what it serves without any cache hit), so "light"
+and "past the knee" mean the same on a fast or a busy machine. Printed per level: TTFT mean/p50/p95
+(time to the first streamed content chunk), end-to-end latency, output tokens/s, cached-token ratio,
+and litellm-kv's prediction checks; at the end a PNG of TTFT against load (``--plot``).
 
 Run through ``bash scripts/demo.sh`` (which sets everything up first), or directly:
-``.venv/bin/python -m tools.demo [--replicas 2] [--groups 8] ...``.
+``.venv/bin/python -m tools.demo [--loads 0.5,1.0] [--plot docs/img/demo-ttft.png]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
-from typing import Any
-
-import httpx
+import time
+from pathlib import Path
 
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
-from tools.harness.engines import reset_prefix_caches, start_replicas
-from tools.harness.proxy import MASTER_KEY, start_proxy
-from tools.harness.workload import COMPARISON, RunStats, format_table, make_workload, run_workload
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.harness import field
+from tools.harness.testbed import (
+    ERROR_METRIC,
+    KV,
+    LABELS,
+    ROUTINGS,
+    Comparison,
+    abc_cba,
+    fleet_speed,
+    format_comparison,
+    histogram_abs_error,
+    start_testbed,
+)
 
-KV_GROUP = "tiny-kv"
-DEFAULT_GROUP = "tiny-default"
-
-
-def proxy_config(replicas: list[Any], model_dir: str) -> dict[str, Any]:
-    """Two model groups over the same replicas: one KV-routed, one with LiteLLM's default routing."""
-    model_list = []
-    for group in (KV_GROUP, DEFAULT_GROUP):
-        for i, r in enumerate(replicas):
-            model_list.append({
-                "model_name": group,
-                "litellm_params": {"model": "hosted_vllm/tiny", "api_base": f"{r.url}/v1", "api_key": "none"},
-                "model_info": {"id": f"{group}-replica-{i}"},
-            })
-    return {
-        "model_list": model_list,
-        "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 1},
-        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"],
-                             "request_timeout": 120},
-        "litellm_kv": {
-            "mode": "embedded",
-            "model_groups": {KV_GROUP: {"routing": "kv", "kv": {"tokenizer": "auto", "tokenizer_path": model_dir}}},
-        },
-    }
+# Sized with the testbed's 16 MiB caches (512 blocks of 32 tokens per replica): ~770 distinct blocks, more
+# than one replica holds, less than two (the 8 system prompts alone need ~630: shuffled, every replica
+# cycles through all of them; kept apart, each holds its half); 32 requests per run keep the demo short.
+DEMO_CHAT = {"groups": 8, "users_per_group": 2, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
+             "reply_tokens": 40}
 
 
-async def engine_tokens(url: str, messages: list[dict[str, Any]]) -> list[int]:
-    async with httpx.AsyncClient(timeout=30) as c:
-        r = await c.post(f"{url}/tokenize", json={"model": "tiny", "messages": messages})
-        r.raise_for_status()
-        return list(r.json()["tokens"])
+def plot(points: list[tuple[float, dict[str, tuple[float, float]]]], path: Path, title: str) -> None:
+    """TTFT mean and p95 (ms) against offered load, one line per routing; ``points``: (rate, {routing: (mean,
+    p95)}) per load level (also used by benchmarks/bench_ttft.py)."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-async def distinct_blocks(url: str, block_size: int, convs: list[Any]) -> int:
-    """Distinct full blocks the workload's prompts need (exact: engine tokenizer + vLLM hashing)."""
-    hasher = BlockHasher("sha256", block_size)
-    seen: set[bytes] = set()
-    for c in convs:
-        hist: list[dict[str, Any]] = [{"role": "system", "content": c.system}]
-        for u in c.user_turns:
-            hist.append({"role": "user", "content": u})
-            seen.update(hasher.block_hashes(await engine_tokens(url, hist)))
-            hist.append({"role": "assistant", "content": "x " * 12})
-    return len(seen)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    styles = {"ttft-shuffle": ("tab:gray", "s"), "ttft-least-busy": ("tab:blue", "^"), "ttft-kv": ("tab:red", "o")}
+    xs = [rate for rate, _ in points]
+    for g in ROUTINGS:
+        color, marker = styles[g]
+        for k, ax in enumerate(axes):
+            ax.plot(xs, [row[g][k] for _, row in points], marker=marker, color=color, label=LABELS[g])
+    for ax, what in zip(axes, ("TTFT mean (ms)", "TTFT p95 (ms)"), strict=True):
+        ax.set_xlabel("offered load (requests/s)")
+        ax.set_ylabel(what)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    print(f"[demo] starting {args.replicas} vLLM CPU replicas (tiny local model, KV cache {args.kv_cache})",
-          flush=True)
-    # VLLM_SERVER_DEV_MODE exposes POST /reset_prefix_cache, used to start both runs cold.
-    replicas = start_replicas(args.replicas, kv_cache_bytes=args.kv_cache, env={"VLLM_SERVER_DEV_MODE": "1"},
-                              name_prefix="demo")
-    proxy = None
+    t_start = time.monotonic()
+    print(f"[demo] starting {args.replicas} vLLM CPU replicas (the ttft model, KV cache {args.kv_cache} each) "
+          "and a LiteLLM proxy with three routings over them", flush=True)
+    bed = start_testbed(args.replicas, kv_cache=args.kv_cache, name="demo")
     try:
-        r0 = replicas[0]
-        async with EngineClient(r0.url) as client:
+        async with EngineClient(bed.replicas[0].url) as client:
             info = await client.metrics()
         bs, blocks = int(info.block_size or 0), int(info.num_gpu_blocks or 0)
-        convs = make_workload(groups=args.groups, convs_per_group=args.convs, turns=args.turns,
-                              system_words=args.system_words, user_words=args.user_words, seed=args.seed)
-        need = await distinct_blocks(r0.url, bs, convs)
-        fits_one = need <= blocks
-        fits_fleet = need <= blocks * len(replicas)
-        print(f"[demo] KV cache per replica: {blocks} blocks of {bs} tokens; workload needs {need} distinct blocks "
-              f"-> overflows one replica: {'yes' if not fits_one else 'NO'}, fits the fleet: "
-              f"{'yes' if fits_fleet else 'NO'}", flush=True)
-        print("[demo] starting the LiteLLM proxy with litellm-kv (embedded mode)", flush=True)
-        proxy = start_proxy(proxy_config(replicas, str(r0.model_dir)), name="demo-proxy")
-        proxy.wait_kv_exact(KV_GROUP)
-        names = {f"{g}-replica-{i}": f"r{i}" for g in (KV_GROUP, DEFAULT_GROUP) for i in range(len(replicas))}
-        # Each routing runs twice, in A-B-B-A order, with the caches reset before every run: on this machine a
-        # run's latency depends on its position (measured: simple-shuffle's mean was 240 ms run first and 568 ms
-        # run second), so a single A-B pair can credit the order to the routing.
-        labels = {DEFAULT_GROUP: "LiteLLM simple-shuffle", KV_GROUP: "litellm-kv (embedded)"}
-        runs: dict[str, list[RunStats]] = {DEFAULT_GROUP: [], KV_GROUP: []}
-        for n, group in enumerate((DEFAULT_GROUP, KV_GROUP, KV_GROUP, DEFAULT_GROUP), 1):
-            reset_prefix_caches(replicas)
-            print(f"[demo] run {n}/4: {len(convs) * args.turns} requests with {labels[group]}", flush=True)
-            runs[group].append(await run_workload(proxy.url, MASTER_KEY, group, convs, label=labels[group],
-                                                  concurrency=args.concurrency))
-        base, kv = (runs[g][0] + runs[g][1] for g in (DEFAULT_GROUP, KV_GROUP))
-        print(f"\nboth runs of each routing pooled ({len(base.results)} requests each; A-B-B-A order):")
-        print(format_table([base, kv], names))
-        ratio = kv.cached_ratio / base.cached_ratio if base.cached_ratio else float("inf")
-        print(f"\ncached-token ratio: litellm-kv / simple-shuffle = {ratio:.2f}x; "
-              f"mean latency {kv.mean_latency_ms:.0f} ms vs {base.mean_latency_ms:.0f} ms")
-        async with httpx.AsyncClient(timeout=10) as c:
-            m = await c.get(f"{proxy.url}/litellm-kv/metrics", headers={"Authorization": f"Bearer {MASTER_KEY}"})
-        checks = [ln for ln in m.text.splitlines() if ln.startswith("litellm_kv_prediction_checks_total")]
-        print("prediction checks (predicted vs engine-reported cached tokens):")
-        for ln in checks:
-            print("  " + ln)
-        return 0 if kv.failures == 0 and base.failures == 0 else 1
+        sizes = dict(DEMO_CHAT)
+        tok = LocalChatTokenizer(bed.replicas[0].model_dir)
+        wl0 = field.chat_workload(rate=1.0, seed=args.seed, **sizes)
+        need, mean_len, max_len = field.distinct_blocks(wl0, tok.chat_tokens, BlockHasher("sha256", bs, hash_seed="0"))
+        print(f"[demo] workload {wl0.describe}: {len(wl0.requests)} requests, prompts {mean_len} tokens on average "
+              f"(max {max_len}), {need} distinct blocks; KV cache per replica {blocks} blocks of {bs} tokens -> "
+              f"overflows one replica: {'yes' if need > blocks else 'NO'}, fits the fleet: "
+              f"{'yes' if need <= blocks * args.replicas else 'NO'}", flush=True)
+        unit = await fleet_speed(bed)
+        capacity = args.replicas / unit
+        rates = [round(f * capacity, 2) for f in args.loads]
+        print(f"[demo] one uncached request takes {1000 * unit:.0f} ms on an idle replica -> the fleet serves "
+              f"~{capacity:.2f} req/s without cache hits; load levels {rates} req/s "
+              f"({', '.join(f'{f:.2f}x' for f in args.loads)})", flush=True)
+        comps: list[Comparison] = []
+        for rate in rates:
+            def make(r: float = rate) -> field.Workload:
+                return field.chat_workload(rate=r, seed=args.seed, **sizes)
+
+            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens, metric_prefixes=(ERROR_METRIC,))
+            comps.append(comp)
+            checks = comp.checks
+            print(f"\n{wl0.name} at {rate:.2f} req/s, both runs of each routing pooled "
+                  f"({len(comp.pooled(KV).outcomes)} requests each, A-B-C-C-B-A):")
+            print(format_comparison(comp))
+            total = sum(checks.values())
+            print(f"litellm-kv prediction checks (predicted vs engine-reported cached tokens): "
+                  f"{checks.get('exact', 0)}/{total} exact {dict(sorted(checks.items()))}", flush=True)
+            err = histogram_abs_error(comp.kv_deltas)
+            if err:
+                print(f"litellm-kv predicted TTFT vs measured: |error| median <= {1000 * err['median_le_s']:.0f} ms, "
+                      f"p90 <= {1000 * err['p90_le_s']:.0f} ms ({err['n']} streamed responses; histogram bounds)")
+            print(flush=True)
+        health = bed.proxy.kv_health(KV)
+        if "cost_model" in health:
+            print(f"[demo] litellm-kv cost model: {health['cost_model']}; learned per replica: "
+                  f"{json.dumps(health.get('rates'))}")
+        if args.plot:
+            points = [(c.rate, {g: (1000 * c.pooled(g).ttft(), 1000 * c.pooled(g).ttft(0.95)) for g in ROUTINGS})
+                      for c in comps]
+            plot(points, Path(args.plot), f"{wl0.describe}\n{args.replicas} vLLM CPU replicas, ttft model; "
+                 "each point pools 2 runs (A-B-C-C-B-A)")
+            print(f"[demo] plot: {args.plot}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(
+                [{"rate": c.rate, "checks": c.checks, **{g: c.pooled(g).summary() for g in ROUTINGS}} for c in comps],
+                indent=1))
+        print(f"[demo] done in {time.monotonic() - t_start:.0f} s (other work on this machine adds noise to every "
+              "routing alike: the runs interleave)")
+        failed = sum(c.pooled(g).failures for c in comps for g in ROUTINGS)
+        return 0 if failed == 0 else 1
     finally:
-        if proxy is not None:
-            proxy.stop()
-        for r in replicas:
-            r.stop()
+        bed.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--kv-cache", default="8M", help="KV cache bytes per replica (small: forces eviction)")
-    # Sized with the 8 MiB caches (256 blocks of 32) so the distinct prefixes overflow one replica's
-    # cache but fit the fleet's: the regime where routing matters.
-    ap.add_argument("--groups", type=int, default=COMPARISON["groups"], help="distinct system prompts")
-    ap.add_argument("--convs", type=int, default=COMPARISON["convs_per_group"], help="conversations per system prompt")
-    ap.add_argument("--turns", type=int, default=COMPARISON["turns"])
-    ap.add_argument("--system-words", type=int, default=COMPARISON["system_words"])
-    ap.add_argument("--user-words", type=int, default=COMPARISON["user_words"])
+    ap.add_argument("--kv-cache", default="16M", help="KV cache bytes per replica (512 blocks of 32 tokens)")
+    ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 1.0],
+                    help="load levels as fractions of what the fleet serves without cache hits")
+    ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--plot", default="demo-ttft.png", help="PNG path ('' for none)")
+    ap.add_argument("--json", default="", help="write the pooled figures here")
     args = ap.parse_args(argv)
     return asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -8,9 +8,17 @@ hashes, KV events, metrics and ``cached_tokens`` are all real.
 
 Run with the engine venv (it has torch and transformers)::
 
-    .venv-engine/bin/python tools/engine/build_model.py [--out .artifacts/tiny-model]
+    .venv-engine/bin/python tools/engine/build_model.py [--out .artifacts/tiny-model] [--variant tiny|ttft]
 
-A directory that already holds a model of the same :data:`VERSION` is left as is.
+A directory that already holds a model of the same variant version is left as is.
+
+Variants (same tokenizer and chat template, different network):
+
+* ``tiny`` (default, ``.artifacts/tiny-model``): 2 layers, width 128, 4K context: the fast tests.
+* ``ttft`` (``.artifacts/ttft-model``): the TTFT testbed's model (docs/kv-routing.md, "A testbed shaped
+  like GPU serving"): the same narrow network with a 16K context, so 2K-8K-token prompts fit. Chosen by
+  ``tools/engine/calibrate.py``, which measures on the engine what 1,024 uncached prompt tokens cost in
+  single-sequence decode steps.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import random
 import shutil
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when anything below changes the produced files.
@@ -32,6 +41,29 @@ sys.path.insert(0, str(ROOT))  # litellm_kv.vllm.bpe (stdlib only at import) fro
 from litellm_kv.vllm.bpe import QWEN2_PATTERN  # noqa: E402  (what transformers' Qwen2Tokenizer installs)
 
 DEFAULT_OUT = ROOT / ".artifacts" / "tiny-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One network shape over the shared tokenizer."""
+
+    version: str  # written to MARKER; bump when the produced files change
+    out: Path
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+
+
+VARIANTS = {
+    "tiny": Variant(VERSION, DEFAULT_OUT, hidden=128, intermediate=256, layers=2, heads=2, kv_heads=1,
+                    head_dim=64, context=4096),
+    "ttft": Variant("ttft-qwen2-v1", ROOT / ".artifacts" / "ttft-model", hidden=128, intermediate=256, layers=2,
+                    heads=2, kv_heads=1, head_dim=64, context=16384),
+}
 
 VOCAB_SIZE = 4096
 SEED = 1234
@@ -113,7 +145,7 @@ def stdlib_corpus(limit_bytes: int) -> list[str]:
     return texts
 
 
-def build_tokenizer(out: Path) -> int:
+def build_tokenizer(out: Path, context: int = 4096) -> int:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -162,7 +194,7 @@ def build_tokenizer(out: Path) -> int:
         }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 4096,
+        "model_max_length": context,
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
@@ -199,7 +231,7 @@ def engine_tokenizer_agrees(out: Path) -> None:
             raise SystemExit(f"tokenizer.json disagrees with transformers' tokenizer on {text[:40]!r}")
 
 
-def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
+def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int, v: Variant = VARIANTS["tiny"]) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -208,13 +240,13 @@ def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
     padded = (vocab_size + 63) // 64 * 64
     cfg = Qwen2Config(
         vocab_size=padded,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=4096,
+        hidden_size=v.hidden,
+        intermediate_size=v.intermediate,
+        num_hidden_layers=v.layers,
+        num_attention_heads=v.heads,
+        num_key_value_heads=v.kv_heads,
+        head_dim=v.head_dim,
+        max_position_embeddings=v.context,
         tie_word_embeddings=True,
         torch_dtype="float32",
         bos_token_id=eos_id,
@@ -228,20 +260,21 @@ def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
     GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False).save_pretrained(str(out))
 
 
-def build(out: Path, force: bool = False) -> Path:
+def build(out: Path, force: bool = False, variant: str = "tiny") -> Path:
+    v = VARIANTS[variant]
     marker = out / MARKER
-    if not force and marker.exists() and marker.read_text().strip() == VERSION:
+    if not force and marker.exists() and marker.read_text().strip() == v.version:
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    vocab = build_tokenizer(tmp)
+    vocab = build_tokenizer(tmp, v.context)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-    build_model(tmp, vocab, eos_id=tok.token_to_id("<|im_end|>"), pad_id=tok.token_to_id("<|endoftext|>"))
+    build_model(tmp, vocab, eos_id=tok.token_to_id("<|im_end|>"), pad_id=tok.token_to_id("<|endoftext|>"), v=v)
     engine_tokenizer_agrees(tmp)
-    (tmp / MARKER).write_text(VERSION + "\n")
+    (tmp / MARKER).write_text(v.version + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -249,10 +282,11 @@ def build(out: Path, force: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="tiny")
+    ap.add_argument("--out", type=Path, default=None, help="default: the variant's folder under .artifacts")
     ap.add_argument("--force", action="store_true", help="rebuild even if the version marker matches")
     args = ap.parse_args(argv)
-    path = build(args.out, args.force)
+    path = build(args.out or VARIANTS[args.variant].out, args.force, args.variant)
     print(path)
     return 0
 

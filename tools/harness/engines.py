@@ -36,20 +36,23 @@ BUILD = ROOT / "tools" / "engine" / "build_model.py"
 BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
 SERVE = ROOT / "tools" / "engine" / "serve.py"
 MODEL_DIR = ARTIFACTS / "tiny-model"
+# The TTFT testbed's model (``build_model.py --variant ttft``): the tiny network with a 16K context.
+TTFT_MODEL_DIR = ARTIFACTS / "ttft-model"
+MODEL_DIRS = {"tiny": MODEL_DIR, "ttft": TTFT_MODEL_DIR}
 LORA_DIR = ARTIFACTS / "tiny-lora"
 SERVED_NAME = "tiny"
 START_TIMEOUT_S = 180.0
 
 
-def ensure_model(out: Path = MODEL_DIR) -> Path:
-    """Build the tiny model once (a version marker skips rebuilds; a file lock serialises
-    concurrent pytest sessions)."""
+def ensure_model(out: Path = MODEL_DIR, variant: str = "tiny") -> Path:
+    """Build the tiny model (or another ``build_model.py`` variant) once (a version marker skips
+    rebuilds; a file lock serialises concurrent pytest sessions)."""
     if not ENGINE_PY.exists():
         raise RuntimeError(f"{ENGINE_PY} is missing: create the engine venv first (see README)")
     ARTIFACTS.mkdir(exist_ok=True)
     with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        subprocess.run([str(ENGINE_PY), str(BUILD), "--out", str(out)], check=True,
+        subprocess.run([str(ENGINE_PY), str(BUILD), "--variant", variant, "--out", str(out)], check=True,
                        capture_output=True, timeout=300)
     return out
 
@@ -73,6 +76,7 @@ class EngineReplica:
     block_size: int = 32
     kv_cache_bytes: str = "8M"
     hash_algo: str = "sha256"
+    max_model_len: int = 4096
     events: str = "ipc"
     topic: str = "kv-events"
     buffer_steps: int = 10_000
@@ -118,6 +122,7 @@ class EngineReplica:
             "--served-model-name", SERVED_NAME,
             "--block-size", str(self.block_size),
             "--kv-cache-bytes", self.kv_cache_bytes,
+            "--max-model-len", str(self.max_model_len),
             "--hash-algo", self.hash_algo,
             "--kv-events-endpoint", self.events_endpoint,
             "--replay-endpoint", self.replay_endpoint,
@@ -181,18 +186,23 @@ def start_replicas(
     env: dict[str, str] | None = None,
     name_prefix: str = "r",
     timeout: float = START_TIMEOUT_S,
+    model: str = "tiny",
+    max_model_len: int = 4096,
 ) -> list[EngineReplica]:
     """Start ``n`` replicas in parallel and wait until each answers ``/health``.
     On failure every replica started here is stopped and the error shows the engine log.
 
     Ports are picked free just before the engines bind them; another process can take one in between
-    (seen on busy machines), so a failed start is retried once on fresh ports."""
-    model = ensure_model()
+    (seen on busy machines), so a failed start is retried once on fresh ports.
+
+    ``model``: a ``build_model.py`` variant (``tiny``, or ``ttft`` for the TTFT testbed with
+    ``max_model_len`` up to 16384)."""
+    model_dir = ensure_model(MODEL_DIRS[model], model)
     for attempt in (1, 2):
         reps = [
             EngineReplica(
-                name=f"{name_prefix}{i}", port=free_port(), model_dir=model, block_size=block_size,
-                kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, events=events,
+                name=f"{name_prefix}{i}", port=free_port(), model_dir=model_dir, block_size=block_size,
+                kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, max_model_len=max_model_len, events=events,
                 extra_args=tuple(extra_args), env=dict(env or {}),
             )
             for i in range(n)

@@ -49,7 +49,11 @@ class Proxy:
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            last = self.kv_health(group)
+            try:
+                last = self.kv_health(group)
+            except httpx.TransportError:  # a proxy still starting on a loaded machine: ask again
+                time.sleep(0.5)
+                continue
             if last.get("exact") and last.get("replicas") and all(r.get("ready") for r in last["replicas"]):
                 return last
             time.sleep(0.5)

@@ -1,0 +1,258 @@
+"""Does routing win on time? The TTFT must-show sweep on the real fleet.
+
+Two real vLLM CPU replicas serving the ``ttft`` model (shaped like GPU serving: prefilling 1,024 uncached
+tokens costs several decode steps; ``benchmarks/bench_engine_shape.py``), one real LiteLLM proxy routing
+the same replicas three ways: LiteLLM ``simple-shuffle``, LiteLLM ``least-busy`` and litellm-kv with its
+defaults (``tools/harness/testbed.py``). Workloads from the field (``tools/harness/field.py``), open loop
+(Poisson arrivals), streamed, TTFT at the first content chunk:
+
+* ``chat`` (a): llm-d's capacity shape scaled down (groups of users sharing a long system prompt, multi-turn);
+* ``fanout`` (b): agentic fan-out (a lead call over a fresh long context, then parallel sub-calls over it);
+* ``unique`` (c): the control, where no routing can win.
+
+Load levels are fractions of what the fleet serves without any cache hit, measured at start-up
+(``--loads 0.5,0.9``: moderate and high). In every cell each routing runs ``--runs`` times in
+A-B-C-C-B-A-A-B-C order with every prefix cache emptied before each run, so drift and the other work
+on this machine hit all three alike. Per cell: pooled TTFT mean/p50/p95, the spread over runs (min-max
+of the per-run mean and p95), end-to-end latency, output tokens/s, cached-token ratio, litellm-kv's
+prediction checks, and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
+baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
+least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
+absolute error of the prediction against the TTFT measured: from a per-response header
+(``x-litellm-kv-predicted-ttft-ms``) when there is one, else from litellm-kv's signed error histogram
+(``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under).
+
+    .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
+        [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import BlockHasher
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.demo import plot
+from tools.harness import field
+from tools.harness.testbed import (
+    ERROR_METRIC,
+    KV,
+    LABELS,
+    LEAST_BUSY,
+    ROUTINGS,
+    SHUFFLE,
+    Comparison,
+    abc_cba,
+    fleet_speed,
+    histogram_abs_error,
+    start_testbed,
+)
+
+# Workload sizes for the testbed's 16 MiB caches (512 blocks of 32 tokens per replica).
+SIZES: dict[str, dict[str, Any]] = {
+    "chat": {"groups": 8, "users_per_group": 2, "turns": 2, "system_tokens": 2500, "user_tokens": 120,
+             "reply_tokens": 40},
+    "fanout": {"tasks": 5, "fanout": 4, "context_tokens": 4000, "sub_tokens": 100},
+    "unique": {"n": 16, "prompt_tokens": 2500},
+}
+PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
+def predicted_errors(comp: Comparison) -> list[float]:
+    """|predicted - measured| TTFT in ms for litellm-kv's responses that carry a prediction."""
+    errs = []
+    for run in comp.runs[KV]:
+        for o in run.ok:
+            v = o.headers.get(PREDICTED_HEADER)
+            if v is not None and not math.isnan(o.ttft_s):
+                try:
+                    errs.append(abs(float(v) - 1000 * o.ttft_s))
+                except ValueError:
+                    continue
+    return errs
+
+
+def cell_summary(comp: Comparison) -> dict[str, Any]:
+    out: dict[str, Any] = {"workload": comp.workload, "rate": comp.rate, "checks": comp.checks, "routings": {}}
+    for g in ROUTINGS:
+        runs = comp.runs[g]
+        pooled = comp.pooled(g).summary()
+        pooled["per_run_ttft_mean_ms"] = [round(1000 * r.ttft(), 1) for r in runs]
+        pooled["per_run_ttft_p95_ms"] = [round(1000 * r.ttft(0.95), 1) for r in runs]
+        pooled["per_run_cached_ratio"] = [round(r.cached_ratio, 3) for r in runs]
+        out["routings"][g] = pooled
+    kv, sh, lb = (out["routings"][g] for g in (KV, SHUFFLE, LEAST_BUSY))
+    if comp.workload == "unique":
+        noise = max(lb["per_run_ttft_mean_ms"]) - min(lb["per_run_ttft_mean_ms"])
+        diff = kv["ttft_mean_ms"] - lb["ttft_mean_ms"]
+        out["verdict"] = {"kind": "control", "kv_minus_least_busy_ms": round(diff, 1),
+                          "least_busy_spread_ms": round(noise, 1), "within_noise": abs(diff) <= noise}
+    else:
+        out["verdict"] = {"kind": "win",
+                          "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
+                          "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+    errs = predicted_errors(comp)
+    if errs:
+        out["prediction_error_ms"] = {"n": len(errs), "median": round(statistics.median(errs), 1),
+                                      "p90": round(field.quantile(errs, 0.9), 1)}
+    hist = histogram_abs_error(comp.kv_deltas)
+    if hist:
+        out["prediction_error_hist"] = hist
+    return out
+
+
+def print_cell(s: dict[str, Any]) -> None:
+    print(f"\n== {s['workload']} at {s['rate']:.2f} req/s ==")
+    print(f"{'routing':<24} {'TTFT mean':>10} {'(runs min-max)':>15} {'p50':>7} {'p95':>8} {'(runs min-max)':>15} "
+          f"{'e2e mean':>9} {'out tok/s':>9} {'cached':>7} {'failed':>6}")
+    for g in ROUTINGS:
+        r = s["routings"][g]
+        m, p = r["per_run_ttft_mean_ms"], r["per_run_ttft_p95_ms"]
+        print(f"{LABELS[g]:<24} {r['ttft_mean_ms']:>8.0f}ms {min(m):>7.0f}-{max(m):<7.0f} {r['ttft_p50_ms']:>5.0f}ms "
+              f"{r['ttft_p95_ms']:>6.0f}ms {min(p):>7.0f}-{max(p):<7.0f} {r['e2e_mean_ms']:>7.0f}ms "
+              f"{r['output_tok_s']:>9.1f} {r['cached_ratio']:>7.3f} {r['failures']:>6}")
+    print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
+    if "prediction_error_ms" in s:
+        print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")
+    if "prediction_error_hist" in s:
+        print(f"predicted vs measured TTFT (litellm-kv's error histogram, bucket bounds): {s['prediction_error_hist']}")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"Run {results['started']}, {results['replicas']} replicas, fleet without hits "
+             f"~{results['capacity_req_s']:.2f} req/s, {results['runs']} runs per routing per cell "
+             "(A-B-C-C-B-A-A-B-C).", "",
+             "| workload | load (req/s) | routing | TTFT mean ms (runs min-max) | TTFT p50 | TTFT p95 (runs min-max) "
+             "| e2e mean ms | out tok/s | cached | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in results["cells"]:
+        for g in ROUTINGS:
+            r = s["routings"][g]
+            m, p = r["per_run_ttft_mean_ms"], r["per_run_ttft_p95_ms"]
+            verdict = ""
+            if g == KV:
+                v = s["verdict"]
+                verdict = (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, "
+                           f"spread {v['least_busy_spread_ms']:.0f})" if v["kind"] == "control" else
+                           f"mean below both: {v['mean_below_both']}; p95 below both: {v['p95_below_both']}")
+                if "prediction_error_ms" in s:
+                    e = s["prediction_error_ms"]
+                    verdict += f"; predicted TTFT |error| median {e['median']:.0f} ms, p90 {e['p90']:.0f} ms"
+                elif "prediction_error_hist" in s:
+                    h = s["prediction_error_hist"]
+                    verdict += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
+                                f"p90 <= {1000 * h['p90_le_s']:.0f} ms (n={h['n']})")
+            lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['ttft_mean_ms']:.0f} "
+                         f"({min(m):.0f}-{max(m):.0f}) | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} "
+                         f"({min(p):.0f}-{max(p):.0f}) | {r['e2e_mean_ms']:.0f} | {r['output_tok_s']:.1f} | "
+                         f"{r['cached_ratio']:.3f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], out_dir: Path) -> None:
+    """ttft_<workload>.png: TTFT mean and p95 against load, one line per routing."""
+    for name in dict.fromkeys(c["workload"] for c in results["cells"]):
+        pts = [(c["rate"], {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
+               for c in results["cells"] if c["workload"] == name]
+        title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\n{results['replicas']} vLLM CPU replicas, ttft "
+                 f"model; each point pools {results['runs']} runs per routing (A-B-C-C-B-A-A-B-C)")
+        plot(pts, out_dir / f"ttft_{name}.png", title)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    bed = start_testbed(args.replicas, name="bttft", kv_overrides=json.loads(args.kv_overrides or "{}"))
+    cells: list[dict[str, Any]] = []
+    try:
+        async with EngineClient(bed.replicas[0].url) as client:
+            info = await client.metrics()
+        bs, blocks = int(info.block_size or 0), int(info.num_gpu_blocks or 0)
+        tok = LocalChatTokenizer(bed.replicas[0].model_dir)
+        hasher = BlockHasher("sha256", bs, hash_seed="0")
+        names = args.workloads.split(",")
+        for name in names:
+            wl = field.make(name, 1.0, **SIZES[name])
+            need, mean_len, max_len = field.distinct_blocks(wl, tok.chat_tokens, hasher)
+            print(f"[bench] {wl.describe}: prompts {mean_len} tokens on average "
+                  f"(max {max_len}), {need} distinct blocks vs {blocks} per replica", flush=True)
+        unit = await fleet_speed(bed)
+        capacity = args.replicas / unit
+        print(f"[bench] one uncached request {1000 * unit:.0f} ms -> ~{capacity:.2f} req/s without hits", flush=True)
+        for name in names:
+            fractions = (args.control_loads or args.loads) if name == "unique" else args.loads
+            fixed = (args.control_rates or args.rates) if name == "unique" else args.rates
+            for f, rate in zip(fractions, fixed or [round(f * capacity, 2) for f in fractions], strict=False):
+                def make(n: str = name, r: float = rate) -> field.Workload:
+                    return field.make(n, r, **SIZES[n])
+
+                comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
+                                     metric_prefixes=(ERROR_METRIC,))
+                s = cell_summary(comp)
+                s["load_fraction"] = f
+                cells.append(s)
+                print_cell(s)
+        results = {"started": started, "replicas": args.replicas, "capacity_req_s": round(capacity, 3),
+                   "unit_s": round(unit, 3), "runs": args.runs, "kv_overrides": args.kv_overrides, "cells": cells,
+                   "wall_s": round(time.monotonic() - t0)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.plot_dir:
+            plots(results, Path(args.plot_dir))
+        md = markdown(results)
+        print("\n" + md)
+        if args.markdown:
+            Path(args.markdown).write_text(md + "\n")
+        print(f"\n[bench] {time.monotonic() - t0:.0f} s (other work was running on this machine)")
+        return 0
+    finally:
+        bed.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--workloads", default="chat,fanout,unique")
+    ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.9])
+    ap.add_argument("--control-loads", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                    help="load levels for the unique control (default: --loads)")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                    help="fixed request rates instead of --loads x the measured speed (to compare two runs)")
+    ap.add_argument("--control-rates", type=lambda s: [float(x) for x in s.split(",")], default=None)
+    ap.add_argument("--runs", type=int, default=3, help="runs per routing per cell (>= 3 for the must-show)")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--markdown", default="")
+    ap.add_argument("--plot-dir", default="", help="write ttft_<workload>.png (TTFT against load) here")
+    ap.add_argument("--replot", default="", help="only re-render --markdown/--plot-dir from this --json file")
+    args = ap.parse_args(argv)
+    if args.replot:
+        results = json.loads(Path(args.replot).read_text())
+        if args.plot_dir:
+            plots(results, Path(args.plot_dir))
+        md = markdown(results)
+        print(md)
+        if args.markdown:
+            Path(args.markdown).write_text(md + "\n")
+        return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the replicas and the proxy (main_async's finally)
+    return asyncio.run(main_async(args))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

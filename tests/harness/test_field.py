@@ -1,0 +1,99 @@
+"""The field workloads (tools/harness/field.py): deterministic, open-loop, the shapes they claim."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+
+import pytest
+
+from litellm_kv.vllm.hashing import BlockHasher
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tools.harness import field
+from tools.harness.engines import MODEL_DIR
+from tools.harness.testbed import abc_order, histogram_abs_error
+
+
+def test_same_seed_same_requests_and_rate_only_moves_times() -> None:
+    a, b = field.make("chat", 1.0), field.make("chat", 1.0)
+    assert [r.messages for r in a.requests] == [r.messages for r in b.requests]
+    fast = field.make("chat", 4.0)
+    assert [r.messages for r in fast.requests] == [r.messages for r in a.requests]
+    assert fast.requests[-1].at_s < a.requests[-1].at_s
+
+
+def test_poisson_mean_gap_is_one_over_rate() -> None:
+    t = field.poisson_times(4000, 2.5, random.Random(0))
+    gaps = [y - x for x, y in itertools.pairwise(t)]
+    assert statistics.fmean(gaps) == pytest.approx(0.4, rel=0.05)
+    assert statistics.pstdev(gaps) == pytest.approx(0.4, rel=0.08)  # exponential: sd == mean
+
+
+def test_chat_turns_wait_for_the_previous_turn_and_extend_its_history() -> None:
+    w = field.chat_workload(groups=3, users_per_group=2, turns=3, rate=1.0)
+    by_rid = {r.rid: r for r in w.requests}
+    assert len(w.requests) == 18
+    systems = {r.messages[0]["content"] for r in w.requests}
+    assert len(systems) == 3  # one long system prompt per group
+    for r in w.requests:
+        if r.after is None:
+            assert len(r.messages) == 2
+            continue
+        prev = by_rid[r.after]
+        assert prev.session == r.session and prev.at_s <= r.at_s
+        assert r.messages[:len(prev.messages)] == prev.messages  # the history is resent
+        assert len(r.messages) == len(prev.messages) + 2
+
+
+def test_fanout_sub_calls_share_the_lead_context_and_wait_for_it() -> None:
+    w = field.fanout_workload(tasks=3, fanout=4, rate=2.0)
+    leads = [r for r in w.requests if r.after is None]
+    assert len(leads) == 3 and len(w.requests) == 15
+    for r in w.requests:
+        if r.after is not None:
+            lead = w.requests[r.after]
+            assert lead.after is None and r.messages[0] == lead.messages[0] and r.at_s == lead.at_s
+    assert len({r.messages[0]["content"] for r in leads}) == 3
+
+
+def test_sizes_in_tokens_and_the_control_shares_nothing() -> None:
+    tok = LocalChatTokenizer(MODEL_DIR)
+    hasher = BlockHasher("sha256", 32, hash_seed="0")
+    u = field.unique_workload(n=6, prompt_tokens=2000, rate=1.0)
+    blocks, mean_len, _ = field.distinct_blocks(u, tok.chat_tokens, hasher)
+    assert mean_len == pytest.approx(2000, rel=0.1)
+    assert blocks == sum(len(tok.chat_tokens(r.messages)) // 32 for r in u.requests)  # no block shared
+    c = field.chat_workload(groups=2, users_per_group=3, turns=1, system_tokens=1500, rate=1.0)
+    blocks_c, _, _ = field.distinct_blocks(c, tok.chat_tokens, hasher)
+    assert blocks_c < 0.5 * sum(len(tok.chat_tokens(r.messages)) // 32 for r in c.requests)  # prefixes shared
+
+
+def test_quantile_and_pooling() -> None:
+    assert field.quantile([3, 1, 2, 4], 0.5) == 2
+    assert field.quantile([1.0] * 19 + [9.0], 0.95) == 1.0
+    assert math.isnan(field.quantile([], 0.5))
+    o = [field.Outcome(i, 200, ttft_s=0.1 * (i + 1), e2e_s=1.0, prompt_tokens=100, cached_tokens=50 * (i % 2),
+                       output_tokens=10) for i in range(4)]
+    bad = field.Outcome(9, 500)
+    run = field.OpenLoopRun("chat", "x", o[:2], 2.0) + field.OpenLoopRun("chat", "x", [*o[2:], bad], 2.0)
+    assert run.runs == 2 and run.failures == 1 and len(run.ok) == 4
+    assert run.ttft() == pytest.approx(0.25) and run.cached_ratio == pytest.approx(0.25)
+    assert run.output_tps == pytest.approx(10.0)
+
+
+def test_abc_order_puts_every_routing_early_and_late() -> None:
+    assert abc_order("ABC", 2) == list("ABCCBA")
+    assert abc_order("ABC", 3) == list("ABCCBAABC")
+
+
+def test_abs_error_quantiles_from_the_signed_histogram() -> None:
+    b = "litellm_kv_ttft_prediction_error_seconds_bucket"
+    run1 = {f'{b}{{le="-0.1",model_group="g"}}': 1.0, f'{b}{{le="0.0",model_group="g"}}': 5.0,
+            f'{b}{{le="0.05",model_group="g"}}': 9.0, f'{b}{{le="+Inf",model_group="g"}}': 10.0}
+    # |e| <= 0.05: 4 (0, 0.05]; <= 0.1: 4 more (-0.1, 0]; beyond: 1 below -0.1 and 1 above 0.05.
+    assert histogram_abs_error([run1]) == {"n": 10, "median_le_s": 0.1, "p90_le_s": math.inf}
+    doubled = histogram_abs_error([run1, run1])
+    assert doubled is not None and doubled["n"] == 20
+    assert histogram_abs_error([{}]) is None

@@ -1,0 +1,241 @@
+"""The TTFT testbed: real vLLM CPU replicas shaped like GPU serving behind one real LiteLLM proxy that
+routes the same replicas three ways, and an A-B-C-C-B-A runner over them (shared by ``tools/demo.py``,
+``benchmarks/bench_ttft.py`` and the tests).
+
+* Replicas serve the ``ttft`` model (``tools/engine/build_model.py --variant ttft``: 16K context), chosen
+  with ``benchmarks/bench_engine_shape.py`` so that prefilling 1,024 uncached tokens costs several
+  single-sequence decode steps, as on a GPU (docs/kv-routing.md, "A testbed shaped like GPU serving").
+  ``max_model_len`` 8192 and a KV cache of :data:`KV_CACHE` per replica (512 blocks of 32 tokens at
+  1 KiB per token): the default workloads' distinct prefixes overflow one replica and fit two.
+* One proxy, three model groups over the same replicas: :data:`SHUFFLE` (LiteLLM ``simple-shuffle``),
+  :data:`LEAST_BUSY` (LiteLLM ``least-busy``, through ``router_settings.routing_groups``) and :data:`KV`
+  (``routing: kv``, litellm-kv's defaults, no hand-set weight).
+* :func:`abc_cba` runs one workload once per routing in A-B-C-C-B-A order (every routing once early and
+  once late, so drift and neighbours' load hit all alike), emptying every prefix cache before each run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas
+from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+
+KV = "ttft-kv"
+SHUFFLE = "ttft-shuffle"
+LEAST_BUSY = "ttft-least-busy"
+ROUTINGS = (SHUFFLE, LEAST_BUSY, KV)
+LABELS = {SHUFFLE: "LiteLLM simple-shuffle", LEAST_BUSY: "LiteLLM least-busy", KV: "litellm-kv"}
+KV_CACHE = "16M"
+MAX_MODEL_LEN = 8192
+# POST /reset_prefix_cache (every run starts cold); one compute thread per replica, as each GPU replica has
+# its own device (two replicas on two cores, not both fighting over both).
+ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def proxy_config(replicas: Sequence[EngineReplica], kv_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Three groups over the same replicas; the KV group with litellm-kv's defaults (plus ``kv_overrides``)."""
+    model_dir = str(replicas[0].model_dir)
+    model_list = [
+        {"model_name": group,
+         "litellm_params": {"model": "hosted_vllm/tiny", "api_base": r.api_base, "api_key": "none"},
+         "model_info": {"id": f"{group}-r{i}"}}
+        for group in ROUTINGS for i, r in enumerate(replicas)
+    ]
+    return {
+        "model_list": model_list,
+        "router_settings": {
+            "routing_strategy": "simple-shuffle", "num_retries": 1,
+            "routing_groups": [{"group_name": "least-busy", "models": [LEAST_BUSY], "routing_strategy": "least-busy"}],
+        },
+        "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "request_timeout": 300},
+        "litellm_kv": {"mode": "embedded",
+                       "model_groups": {KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir,
+                                                                    **(kv_overrides or {})}}}},
+    }
+
+
+@dataclass
+class Testbed:
+    replicas: list[EngineReplica]
+    proxy: Proxy
+    names: dict[str, str] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        for r in self.replicas:
+            r.stop()
+
+
+def start_testbed(replicas: int = 2, *, kv_cache: str = KV_CACHE, kv_overrides: dict[str, Any] | None = None,
+                  name: str = "ttft") -> Testbed:
+    reps = start_replicas(replicas, kv_cache_bytes=kv_cache, model="ttft", max_model_len=MAX_MODEL_LEN,
+                          env=ENGINE_ENV, name_prefix=name)
+    try:
+        # A generous start-up bound: on this shared 2-core machine a proxy beside two busy engines has taken
+        # more than the harness's default 120 s to answer.
+        proxy = start_proxy(proxy_config(reps, kv_overrides), name=f"{name}-proxy", timeout=300)
+    except BaseException:
+        for r in reps:
+            r.stop()
+        raise
+    bed = Testbed(reps, proxy, {f"{g}-r{i}": f"r{i}" for g in ROUTINGS for i in range(replicas)})
+    try:
+        proxy.wait_kv_exact(KV, timeout=120)
+    except BaseException:
+        bed.stop()
+        raise
+    return bed
+
+
+_SAMPLE = re.compile(r"^(litellm_kv_[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
+
+
+async def kv_metrics(proxy: Proxy,
+                     prefixes: Sequence[str] = ("litellm_kv_prediction_checks_total",)) -> dict[str, float]:
+    """litellm-kv's counters whose name starts with one of ``prefixes`` (cumulative; subtract two reads)."""
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(f"{proxy.url}/litellm-kv/metrics", headers=proxy.headers())).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m.group(1).startswith(tuple(prefixes)):
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+
+
+def prediction_checks(d: dict[str, float]) -> dict[str, int]:
+    """``{outcome: count}`` from a delta of ``litellm_kv_prediction_checks_total``."""
+    out: dict[str, int] = {}
+    for k, v in d.items():
+        m = re.search(r'outcome="([a-z_]+)"', k)
+        if k.startswith("litellm_kv_prediction_checks_total") and m:
+            out[m.group(1)] = out.get(m.group(1), 0) + int(v)
+    return out
+
+
+@dataclass
+class Comparison:
+    """Every routing's runs of one workload at one rate, pooled; and litellm-kv's prediction checks."""
+
+    workload: str
+    rate: float
+    runs: dict[str, list[OpenLoopRun]]
+    checks: dict[str, int] = field(default_factory=dict)
+    kv_deltas: list[dict[str, float]] = field(default_factory=list)
+
+    def pooled(self, routing: str) -> OpenLoopRun:
+        rs = self.runs[routing]
+        out = rs[0]
+        for r in rs[1:]:
+            out = out + r
+        return out
+
+
+def abc_order(order: Sequence[str], runs: int) -> list[str]:
+    """``runs`` rounds over ``order``, every other round reversed: A-B-C-C-B-A(-A-B-C...)."""
+    seq: list[str] = []
+    for i in range(runs):
+        seq += list(order) if i % 2 == 0 else list(reversed(order))
+    return seq
+
+
+async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, runs: int = 2,
+                  max_tokens: int = 32, order: Sequence[str] = ROUTINGS,
+                  log: Callable[[str], None] = print, metric_prefixes: Sequence[str] = ()) -> Comparison:
+    """Each routing runs ``runs`` times in A-B-C-C-B-A order (:func:`abc_order`), the same requests
+    every time, every prefix cache emptied before each run."""
+    seq = abc_order(order, runs)
+    wl = make()
+    by_routing: dict[str, list[OpenLoopRun]] = {g: [] for g in order}
+    comp = Comparison(wl.name, rate, by_routing)
+    prefixes = ("litellm_kv_prediction_checks_total", *metric_prefixes)
+    for i, g in enumerate(seq, 1):
+        await asyncio.to_thread(reset_prefix_caches, bed.replicas)
+        before = await kv_metrics(bed.proxy, prefixes) if g == KV else {}
+        run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, make(), max_tokens=max_tokens)
+        by_routing[g].append(run)
+        if g == KV:
+            d = delta(await kv_metrics(bed.proxy, prefixes), before)
+            comp.kv_deltas.append(d)
+            for k, v in prediction_checks(d).items():
+                comp.checks[k] = comp.checks.get(k, 0) + v
+        log(f"  [{wl.name} @ {rate:.2f} req/s] run {i}/{len(seq)} {LABELS[g]:<22} TTFT mean "
+            f"{1000 * run.ttft():7.0f} ms  p95 {1000 * run.ttft(0.95):7.0f} ms  cached {run.cached_ratio:.2f}  "
+            f"failed {run.failures}  {run.per_replica(bed.names)}")
+    return comp
+
+
+async def fleet_speed(bed: Testbed, n: int = 3) -> float:
+    """Seconds one uncached ~2.7K-token request with 32 output tokens takes on an idle replica (median of ``n``,
+    one at a time, each prompt new): the unit the load levels are set in."""
+    wl = unique_workload(n=n, prompt_tokens=2700, rate=1000.0, seed=99)
+    times = []
+    for r in wl.requests:
+        one = Workload("probe", "", [FieldRequest(0, 0.0, r.messages, "p")])
+        run = await run_open_loop(bed.proxy.url, MASTER_KEY, SHUFFLE, one)
+        times.append(run.outcomes[0].e2e_s)
+    return statistics.median(times)
+
+
+ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
+
+
+def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
+    """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
+    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s)."""
+    cum: dict[float, float] = {}
+    for d in deltas:
+        for k, v in d.items():
+            if k.startswith(ERROR_METRIC + "_bucket"):
+                m = re.search(r'le="([^"]+)"', k)
+                if m:
+                    le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+                    cum[le] = cum.get(le, 0.0) + v
+    if not cum or not cum.get(math.inf):
+        return None
+    bounds = sorted(cum)
+    per: list[tuple[float, float, float]] = []  # (lower, upper, count) of each signed bucket
+    prev_le, prev_c = -math.inf, 0.0
+    for le in bounds:
+        per.append((prev_le, le, cum[le] - prev_c))
+        prev_le, prev_c = le, cum[le]
+    # |e| of a bucket (lo, hi] is at most max(|lo|, |hi|) (an open end: infinite).
+    folded = sorted((max(abs(lo), abs(hi)), n) for lo, hi, n in per if n > 0)
+    total = sum(n for _, n in folded)
+
+    def q(frac: float) -> float:
+        acc = 0.0
+        for bound, n in folded:
+            acc += n
+            if acc >= frac * total:
+                return bound
+        return math.inf
+
+    return {"n": int(total), "median_le_s": q(0.5), "p90_le_s": q(0.9)}
+
+
+def format_comparison(c: Comparison) -> str:
+    """The demo's table: one row per routing, all its runs pooled."""
+    head = (f"{'routing':<24} {'TTFT mean':>9} {'p50':>7} {'p95':>7} {'e2e mean':>9} {'e2e p95':>8} "
+            f"{'out tok/s':>9} {'cached':>7} {'failed':>6}")
+    lines = [head]
+    for g in c.runs:
+        p = c.pooled(g)
+        lines.append(f"{LABELS[g]:<24} {1000 * p.ttft():>7.0f}ms {1000 * p.ttft(0.5):>5.0f}ms "
+                     f"{1000 * p.ttft(0.95):>5.0f}ms {1000 * p.e2e():>7.0f}ms {1000 * p.e2e(0.95):>6.0f}ms "
+                     f"{p.output_tps:>9.1f} {p.cached_ratio:>7.3f} {p.failures:>6}")
+    return "\n".join(lines)
