@@ -397,8 +397,11 @@ def _install(handler: LiteLLMKV) -> None:
         return
     # Inside the proxy (its config is being loaded): an invalid litellm_kv section stops the proxy from
     # starting, with the path of the bad option, rather than running without the limits it declares.
+    # Every group section the handlers parse is checked now too (kv, reasoning, vision), for the same reason.
     try:
         handler.settings  # noqa: B018 - loads and validates
+        for h in handler.handlers:
+            h.check_config()
     except ConfigError as exc:
         log.error("litellm-kv: invalid configuration: %s", exc)
         raise
