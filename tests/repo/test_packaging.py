@@ -144,3 +144,10 @@ def test_install_pages_make_no_claim_about_an_index(page: str) -> None:
 def test_repository_tools_stay_out_of_the_package() -> None:
     assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["litellm_kv*"]
     assert not list((ROOT / "litellm_kv").rglob("docsgen*"))
+
+
+def test_the_image_build_copies_what_the_package_metadata_reads() -> None:
+    """`pip install .` in the Dockerfile reads the readme and the licence files: they must be in the image."""
+    copied = re.search(r"^COPY pyproject\.toml ([^\n]+) \./$", (ROOT / "Dockerfile").read_text(), re.M)
+    assert copied, "the Dockerfile no longer copies the package's metadata files"
+    assert {PROJECT["readme"], *PROJECT["license-files"], "setup.py"} <= set(copied.group(1).split())
