@@ -15,7 +15,7 @@ WORKDIR /app
 # Dependencies first (cached layer): LiteLLM and its proxy requirements, litellm-kv's runtime deps.
 COPY requirements/proxy.txt requirements/core.txt requirements/
 RUN pip install -r requirements/proxy.txt -r requirements/core.txt
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY litellm_kv/ litellm_kv/
 # gcc and OpenSSL's headers only to compile the native hash chain (litellm_kv/vllm/_chain.c), then removed;
 # the runtime libcrypto is already in the base image.

@@ -21,9 +21,14 @@ def _indexer(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run_indexer(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from litellm_kv.services.indexer.app import create_app
+        from litellm_kv.services.indexer.app import create_app
+    except ModuleNotFoundError as exc:  # the HTTP API's packages are the `indexer` extra
+        print(f"litellm-kv indexer: {exc}; install litellm-kv with its `indexer` extra (the indexer's HTTP API): "
+              "pip install '<checkout or wheel>[indexer]', docs/install.md", file=sys.stderr)
+        return 2
     from litellm_kv.services.indexer.config import load_indexer_config
     from litellm_kv.services.indexer.service import Indexer
 

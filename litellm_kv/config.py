@@ -8,14 +8,19 @@ configuration reference in ``docs/configuration.md`` is generated from these doc
 
 Feature modules declare their own section dataclasses and parse them with :func:`parse_section`;
 unknown keys and wrongly typed values are a :class:`~litellm_kv.errors.ConfigError` naming the path.
+
+Values written ``os.environ/NAME`` are resolved before parsing, everywhere in the section, the way LiteLLM
+resolves its own config (:func:`resolve_env_refs`), so one config file reads the same to both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +31,83 @@ from litellm_kv.errors import ConfigError
 
 T = TypeVar("T")
 
+log = logging.getLogger("litellm_kv")
+
 CONFIG_ENV = "LITELLM_KV_CONFIG"
+
+#: The prefix of a value LiteLLM reads from the environment (``redis_url: os.environ/REDIS_URL``).
+ENV_REF_PREFIX = "os.environ/"
+# LiteLLM's DEFAULT_MAX_RECURSE_DEPTH: nesting below it is left as written.
+_MAX_ENV_DEPTH = 100
+
+#: Reads one ``os.environ/NAME`` reference (the whole string) and returns its value.
+SecretLookup = Callable[[str], Any]
+
+
+class EnvText(str):
+    """Text read from an ``os.environ/NAME`` reference. The environment only holds text, so where the option
+    is a number the parser reads the number from it (as LiteLLM's pydantic settings do), and its errors name
+    the reference."""
+
+    reference: str
+
+    def __new__(cls, text: str, reference: str) -> EnvText:
+        obj = super().__new__(cls, text)
+        obj.reference = reference
+        return obj
+
+
+def env_secret(reference: str) -> Any:
+    """The value of an ``os.environ/NAME`` reference as LiteLLM 1.110.2's ``get_secret`` gives it without a
+    secret manager: the variable's text, ``True``/``False`` for the words true/false (any case, spaces
+    around ignored), and ``None`` when the variable is unset. The proxy passes LiteLLM's own function
+    instead (see ``integration.callback``), which also asks a configured secret manager."""
+    value = os.environ.get(reference.removeprefix(ENV_REF_PREFIX))
+    if value is not None and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+def resolve_env_refs(
+    data: Any, lookup: SecretLookup = env_secret, path: str = "litellm_kv", unset: list[str] | None = None,
+    _depth: int = 0,
+) -> Any:
+    """``data`` with every ``os.environ/NAME`` value replaced by ``lookup(value)``, walked as LiteLLM walks
+    its config: into mappings at any depth and into mappings inside lists, but a list's own string items
+    stay as written (LiteLLM does not resolve them either). A reference that resolves to None (an unset
+    variable) is recorded in ``unset`` as ``"<path> (os.environ/NAME)"``, for the error message."""
+    if not isinstance(data, dict) or _depth > _MAX_ENV_DEPTH:
+        return data
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        where = f"{path}.{key}"
+        if isinstance(value, dict):
+            out[key] = resolve_env_refs(value, lookup, where, unset, _depth + 1)
+        elif isinstance(value, list):
+            out[key] = [resolve_env_refs(item, lookup, f"{where}[{i}]", unset, _depth + 1)
+                        if isinstance(item, dict) else item for i, item in enumerate(value)]
+        elif isinstance(value, str) and value.startswith(ENV_REF_PREFIX):
+            resolved = lookup(value)
+            out[key] = EnvText(resolved, value) if isinstance(resolved, str) else resolved
+            if resolved is None and unset is not None:
+                unset.append(f"{where} ({value})")
+        else:
+            out[key] = value
+    return out
+
+
+def parse_with_env(cls: type[T], raw: Any, path: str, lookup: SecretLookup = env_secret) -> T:
+    """:func:`parse_section` after :func:`resolve_env_refs`; an error names the unset variables it read."""
+    unset: list[str] = []
+    data = resolve_env_refs(raw, lookup, path, unset)
+    for ref in unset:
+        log.warning("litellm-kv: %s is unset; the option reads as null", ref)
+    try:
+        return parse_section(cls, data, path)
+    except ConfigError as exc:
+        if not unset:
+            raise
+        raise ConfigError(f"{exc} (unset environment variables, read as null: {', '.join(unset)})") from exc
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, default_factory: Any = dataclasses.MISSING) -> Any:
@@ -55,7 +136,7 @@ def _check_type(value: Any, tp: Any, path: str) -> Any:
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")
-        return value
+        return str(value) if isinstance(value, EnvText) else value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
@@ -69,6 +150,8 @@ def _check_type(value: Any, tp: Any, path: str) -> Any:
         return {_check_type(k, kt, path): _check_type(v, vt, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return parse_section(tp, value, path)  # type: ignore[type-var,arg-type]
+    if isinstance(value, EnvText):
+        return _env_text_as(value, tp, path)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
@@ -88,6 +171,19 @@ def _check_type(value: Any, tp: Any, path: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
     return value
+
+
+def _env_text_as(value: EnvText, tp: Any, path: str) -> Any:
+    """An option written as an ``os.environ/NAME`` reference: a number read from its text, else plain text."""
+    if tp is int or tp is float:
+        try:
+            return tp(value.strip())
+        except ValueError:
+            kind = "an integer" if tp is int else "a number"
+            raise ConfigError(f"{path}: {value.reference} is {str(value)!r}, not {kind}") from None
+    if tp is bool:
+        raise ConfigError(f"{path}: {value.reference} is {str(value)!r}, not true or false")
+    return _check_type(str(value), tp, path)
 
 
 def parse_section(cls: type[T], data: Any, path: str) -> T:
@@ -414,8 +510,9 @@ def salt_secret(settings: Settings) -> bytes:
     return raw.encode()  # as set: stripping would change every tenant's salt for existing deployments
 
 
-def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
-    """Load settings from ``path`` (a LiteLLM config with a ``litellm_kv`` key, or a bare section)."""
+def load_settings(path: str | os.PathLike[str] | None = None, lookup: SecretLookup = env_secret) -> Settings:
+    """Load settings from ``path`` (a LiteLLM config with a ``litellm_kv`` key, or a bare section), with
+    ``os.environ/NAME`` values read through ``lookup`` (:func:`resolve_env_refs`)."""
     if path is None:
         path = os.environ.get(CONFIG_ENV)
     if path is None:
@@ -430,7 +527,7 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     whole = raw
     if isinstance(raw, dict) and "litellm_kv" in raw:
         raw = raw["litellm_kv"]
-    settings = parse_section(Settings, raw, "litellm_kv")
+    settings = parse_with_env(Settings, raw, "litellm_kv", lookup)
     if settings.redis_url is None and settings.redis is None:
         settings.redis_url = os.environ.get("LITELLM_KV_REDIS_URL")
     if settings.redis_for() is None and isinstance(whole, dict):
@@ -441,14 +538,6 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
     if tenant_isolated_groups(settings):
         salt_secret(settings)  # refuse to start without a real secret, rather than isolate with a guessable one
     return settings
-
-
-def _env_ref(value: Any) -> Any:
-    """LiteLLM's ``os.environ/NAME`` form in its cache_params (LiteLLM reads those itself, litellm-kv's own
-    section is resolved when parsed)."""
-    if isinstance(value, str) and value.startswith("os.environ/"):
-        return os.environ.get(value.removeprefix("os.environ/"))
-    return value
 
 
 def _json_env(name: str) -> Any:
@@ -471,7 +560,8 @@ def litellm_cache_redis(litellm_config: dict[str, Any]) -> RedisSettings | None:
     ls = litellm_config.get("litellm_settings")
     if not isinstance(ls, dict) or ls.get("cache") is not True:
         return None
-    params = {k: _env_ref(v) for k, v in (ls.get("cache_params") or {}).items()}
+    raw_params = ls.get("cache_params")
+    params = resolve_env_refs(raw_params if isinstance(raw_params, dict) else {}, path="litellm_settings.cache_params")
     if params.get("type", "redis") != "redis":
         return None
     env = os.environ

@@ -44,3 +44,7 @@ class PolicyViolation(LiteLLMKVError):
 
 class MetadataError(PolicyViolation):
     """Malformed litellm-kv settings in key or team metadata (fail closed: HTTP 400... by default)."""
+
+
+class IncompatibleLiteLLM(LiteLLMKVError):
+    """The installed LiteLLM is not a version litellm-kv is tested with (raised when the callback loads)."""

@@ -138,6 +138,9 @@ ENV_DOCS: dict[str, str] = {
     "`--admin-key` is not given.",
     "CONFIG_FILE_PATH": "LiteLLM's own variable for its config file; read when the proxy module does not "
     "expose the path it was started with.",
+    "LITELLM_KV_ALLOW_UNTESTED_LITELLM": "Set to 1 to load the callback over a LiteLLM release litellm-kv is not "
+    "tested with (a warning instead of the start-up error naming the tested version; docs/install.md). "
+    "Unsupported.",
     "TIKTOKEN_CACHE_DIR": "Where tiktoken finds its encodings. When unset, the affinity token meter points it "
     "at the files shipped inside the litellm wheel (works offline).",
 }

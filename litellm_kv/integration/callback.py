@@ -69,6 +69,15 @@ def _settings_path() -> str | None:
         return None
 
 
+def _litellm_secret(reference: str) -> Any:
+    """An ``os.environ/NAME`` value read by LiteLLM's own ``get_secret``: the environment, or the secret
+    manager the proxy's config set up, with LiteLLM's conversions, so litellm-kv's section and LiteLLM's
+    settings read one config file alike."""
+    from litellm.secret_managers.main import get_secret
+
+    return get_secret(reference)
+
+
 class LiteLLMKV(CustomLogger):
     """One object LiteLLM calls; it calls the feature handlers in order."""
 
@@ -88,7 +97,7 @@ class LiteLLMKV(CustomLogger):
     def settings(self) -> Settings:
         """The ``litellm_kv`` settings; an invalid section raises :class:`ConfigError` (see ``_install``)."""
         if self._settings is None:
-            self._settings = load_settings(_settings_path())
+            self._settings = load_settings(_settings_path(), lookup=_litellm_secret)
         return self._settings
 
     @property
@@ -393,8 +402,11 @@ def _install(handler: LiteLLMKV) -> None:
         return
     # Inside the proxy (its config is being loaded): an invalid litellm_kv section stops the proxy from
     # starting, with the path of the bad option, rather than running without the limits it declares.
+    # Every group section the handlers parse is checked now too (kv, reasoning, vision), for the same reason.
     try:
         handler.settings  # noqa: B018 - loads and validates
+        for h in handler.handlers:
+            h.check_config()
     except ConfigError as exc:
         log.error("litellm-kv: invalid configuration: %s", exc)
         raise

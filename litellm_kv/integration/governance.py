@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
-from litellm_kv.errors import PolicyViolation
+from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration import litellm_data
@@ -224,6 +224,19 @@ class GovernanceHandler(Handler, Generic[G]):
         """The decision :meth:`keep_decision` kept for the call ``data`` belongs to (any hook); ``None``
         when the proxy decided nothing for it (an ungoverned group): then nothing is charged."""
         return self.records.get(litellm_data.call_key(data), self.section)
+
+    def check_config(self) -> None:
+        for name, group in self.settings.model_groups.items():
+            if self.enabled_for(group):
+                self.group_settings(name)
+                layer = config_layer(getattr(group, self.section), group=name, feature=self.section)
+                try:
+                    self.check_policy(layer)
+                except PolicyViolation as exc:  # a limit of the config itself, not of a caller's metadata
+                    raise ConfigError(exc.message) from exc
+
+    def check_policy(self, config: PolicyLayer) -> None:
+        """Resolve the group's config limits alone, as a request would (raises naming the field)."""
 
     def group_settings(self, name: str) -> G:
         gs = self._groups.get(name)

@@ -83,6 +83,11 @@ class Handler:
         """Whether this handler acts on requests of a model group."""
         return True
 
+    def check_config(self) -> None:
+        """Parse every group section this handler reads, raising :class:`~litellm_kv.errors.ConfigError`
+        naming the option: called when the proxy loads the callback, so a typo stops it there instead of
+        failing requests later."""
+
     async def startup(self) -> None:
         """Called once, lazily, before the first request this process handles."""
 

@@ -139,6 +139,10 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
     group_settings_cls = GroupReasoningSettings
     policy_fields = POLICY_FIELDS
 
+    def check_policy(self, config: PolicyLayer) -> None:
+        resolve_policy(PolicyLayer("start-up check", "metadata", {}, True), None, config, key_scope="key:check",
+                       team_scope=None)
+
     def __init__(self, settings: Settings, budgets: PeriodBudgets | None = None) -> None:
         super().__init__(settings, budgets)
         self._tokenizers: dict[str, HFMeter | None] = {}

@@ -99,6 +99,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         super().__init__(settings, budgets)
         self._streams_done: dict[str, float] = {}
 
+    def check_policy(self, config: PolicyLayer) -> None:
+        resolve_policy(PolicyLayer("start-up check", "metadata", {}, True), None, config, key_scope="key:check",
+                       team_scope=None)
+
     # -- before the call -------------------------------------------------------------------------
     def _policy(self, req: ProxyRequest, gs: GroupVisionSettings) -> VisionPolicy:
         try:

@@ -30,7 +30,7 @@ DECISIONS = counter(
 FALLBACKS = counter(
     "routing_fallbacks",
     "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, index_unavailable, multimodal, "
-    "skip_prefix_cache, unknown_model, internal_error, no_candidates.",
+    "skip_prefix_cache, unknown_model.",
     ["model_group", "why"],
 )
 DECISION_SECONDS = histogram(

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -73,6 +74,11 @@ def _progress(row: Summary) -> None:
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
+    if getattr(a, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+        # Said before the simulation runs, not after minutes of it.
+        print("litellm-kv bench: --plot needs matplotlib: install litellm-kv with its `bench` extra "
+              "(pip install '<checkout or wheel>[bench]', docs/install.md)", file=sys.stderr)
+        return 2
     cfg = SimSettings(replicas=a.replicas, block_size=a.block_size,
                     model=ThroughputModel(capacity_blocks=a.capacity_blocks), seed=a.seed,
                     event_tokens=a.event_tokens)

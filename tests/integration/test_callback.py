@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from litellm.proxy._types import ProxyException, UserAPIKeyAuth
 
-from litellm_kv.config import Settings
-from litellm_kv.errors import PolicyViolation
-from litellm_kv.integration.callback import INTERNAL_ERRORS, LiteLLMKV
+from litellm_kv.config import Settings, parse_section
+from litellm_kv.errors import ConfigError, PolicyViolation
+from litellm_kv.integration.callback import INTERNAL_ERRORS, LiteLLMKV, _install
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from tools.harness.proxy import start_proxy
 
@@ -59,16 +59,36 @@ def test_policy_violation_becomes_http_error() -> None:
 
 
 @pytest.mark.proxy
-def test_invalid_config_stops_the_proxy() -> None:
+@pytest.mark.parametrize("section", [
+    {"mode": "embeded"},  # the top level, checked as the settings load
+    {"model_groups": {"m": {"routing": "kv", "kv": {"block_sise": 32}}}},  # a group section a handler parses
+])
+def test_invalid_config_stops_the_proxy(section: dict[str, Any]) -> None:
     cfg = {
         "model_list": [{"model_name": "m", "litellm_params": {"model": "hosted_vllm/x", "api_base": "http://127.0.0.1:9"}}],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
-        "litellm_kv": {"model_groups": {"m": {"routing": "kv", "kv": {"block_sise": 32}}}},
+        "litellm_kv": section,
     }
-    # The typo sits in a raw section parsed by the KV handler; the top level is checked at load.
-    cfg_top = {**cfg, "litellm_kv": {"mode": "embeded"}}
-    with pytest.raises(RuntimeError, match=r"litellm_kv\.mode"):
-        start_proxy(cfg_top, name="bad-config", timeout=90)
+    with pytest.raises(RuntimeError, match=r"ConfigError: litellm_kv\.(mode|model_groups\.m\.kv)"):
+        start_proxy(cfg, name="bad-config", timeout=240, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+
+
+@pytest.mark.parametrize("group", [
+    {"routing": "kv", "kv": {"block_sise": 32}},
+    {"reasoning": {"style": "vlm"}},
+    {"vision": {"family": "qwen2_5_vl", "videos": "refuse"}},
+    {"reasoning": {"style": "vllm", "max_budget": "lots"}},  # a limit, read as a request would read it
+    {"vision": {"family": "qwen2_5_vl", "over_limit": "refuse"}},
+])
+def test_every_group_section_is_checked_when_the_callback_loads(group: dict[str, Any]) -> None:
+    """Not at the first request: a group whose section has a typo would otherwise fail every request."""
+    settings = parse_section(Settings, {"model_groups": {"m": group}}, "litellm_kv")
+
+    async def load() -> None:
+        _install(LiteLLMKV(settings=settings))
+
+    with pytest.raises(ConfigError, match=r"litellm_kv\.model_groups\.m\.(kv|reasoning|vision)"):
+        asyncio.run(load())
 
 
 def test_gc_pauses_are_timed_by_generation() -> None:

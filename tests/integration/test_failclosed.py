@@ -177,3 +177,27 @@ def test_call_records_expire() -> None:
     clock.now = 60
     assert records.get("a", "reasoning") is None and len(records) == 0
     assert records.get(None, "reasoning") is None
+
+
+async def test_an_image_decoder_that_fails_as_python_3_10_s_refuses_rather_than_skips(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python 3.10's ``binascii.a2b_base64`` has no ``strict_mode`` and raises TypeError: the visual-token
+    limits must then refuse the request (500 naming them), never send the image on uncounted."""
+    import binascii
+
+    real = binascii.a2b_base64
+
+    def a2b_base64_3_10(data: Any, **kwargs: Any) -> bytes:
+        if kwargs:
+            raise TypeError(f"a2b_base64() takes no keyword arguments: {sorted(kwargs)}")
+        return real(data)
+
+    monkeypatch.setattr(binascii, "a2b_base64", a2b_base64_3_10)
+    cb = LiteLLMKV(settings=settings(), handlers=[VisionHandler(settings(), MemoryPeriodBudgets())])
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUg=="}}
+    data = _request("v-310", messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}])
+    with pytest.raises(ProxyException) as exc:
+        await cb.async_pre_call_hook(UserAPIKeyAuth(), None, data, "completion")
+    assert exc.value.code == "500"
+    assert exc.value.param == "vision.internal_error"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from litellm_kv.config import RedisSettings, doc, parse_section
+from litellm_kv.config import RedisSettings, doc, parse_with_env
 from litellm_kv.errors import ConfigError
 
 HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
@@ -201,4 +201,5 @@ def load_indexer_config(path: str | Path) -> IndexerSettings:
         raise ConfigError(f"cannot read indexer config {p}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
-    return parse_section(IndexerSettings, raw, "indexer")
+    # os.environ/NAME values as in the proxy's config (litellm_kv.config.resolve_env_refs).
+    return parse_with_env(IndexerSettings, raw, "indexer")
