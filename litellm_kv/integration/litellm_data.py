@@ -327,3 +327,14 @@ def usage_of(response: Any) -> Any:
 def choices_of(obj: Any) -> list[Any]:
     """The ``choices`` of a response or stream chunk (empty when it has none)."""
     return list(field(obj, "choices") or [])
+
+
+def carries_output(chunk: Any) -> bool:
+    """Whether a stream chunk carries generated output (content, reasoning or a tool call), not only the
+    role or usage: the chunk a client's time to first token is taken at."""
+    for choice in choices_of(chunk):
+        delta = field(choice, "delta")
+        for name in ("content", "reasoning_content", "reasoning", "tool_calls"):
+            if field(delta, name):
+                return True
+    return False

@@ -29,6 +29,7 @@ from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
+    carries_output,
     deployment_model_groups,
     dig,
     field,
@@ -318,21 +319,38 @@ class KVRoutingHandler(Handler):
             return
         await self._finish(request_data, usage_of(response))
 
+    async def stream_chunk(self, data: dict[str, Any], chunk: Any) -> None:
+        # Proxy level, every chunk the caller receives: the first one with output is the caller's time to
+        # first token. (LiteLLM calls the deployment-level stream hook on the final chunk only.)
+        if not carries_output(chunk):
+            return
+        found = self._route_of(data)
+        if found is not None and not found[1].first_token:
+            await self._first_token(*found, measured_s=time.time() - found[1].started)
+
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         found = self._route_of(request_data)
         if found is None:
             return
         cid, route = found
-        if not route.first_token and not route.shadow:
-            route.first_token = True
-            g = self.groups.get(route.group)
-            if g is not None:
-                # The TTFT the cost model predicted, as this proxy measures it (decision to first chunk).
-                g.observe_ttft(route.result, time.time() - route.started)
-                await g.first_token(cid)
+        if not route.first_token:
+            # No proxy-level chunk was seen (an application's own litellm.Router): the prefill is over, but
+            # the time is the stream's whole length, not a time to first token.
+            await self._first_token(cid, route, measured_s=None)
         usage = usage_of(chunk)
         if usage is not None and field(usage, "prompt_tokens") is not None:
             await self._finish(request_data, usage)
+
+    async def _first_token(self, cid: str, route: _Route, *, measured_s: float | None) -> None:
+        """The routed request's prefill is over: its load moves from prefill to decode, and a measured time
+        to first token is set against the one the cost model predicted."""
+        route.first_token = True
+        g = self.groups.get(route.group)
+        if g is None or route.shadow:
+            return
+        if measured_s is not None:
+            g.observe_ttft(route.result, measured_s)
+        await g.first_token(cid)
 
     async def post_failure_deployment(self, request_data: Mapping[str, Any], exception: Exception) -> None:
         await self._finish(request_data, None)

@@ -170,6 +170,7 @@ def test_kv_routing_beats_simple_shuffle(proxy: Proxy, engines: list[EngineRepli
 def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> None:
     convs = make_workload(groups=3, convs_per_group=2, turns=3, system_words=200, seed=21)
     before = _metric(proxy, "litellm_kv_prediction_checks_total")
+    ttft_before = _metric(proxy, "litellm_kv_ttft_prediction_error_seconds_count")
     stats = asyncio.run(run_workload(proxy.url, MASTER_KEY, KV, convs, label="litellm-kv stream+tools",
                                      concurrency=2, stream=True, tools=True))
     print("\n" + format_table([stats]))
@@ -178,6 +179,12 @@ def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> Non
     after = _metric(proxy, "litellm_kv_prediction_checks_total")
     checked = sum(after.get(k, 0) - before.get(k, 0) for k in after)
     assert checked >= len(stats.results), "streamed usage must reach the verification"
+    # Every streamed answer's time to first token is set against the cost model's prediction.
+    ttft_after = _metric(proxy, "litellm_kv_ttft_prediction_error_seconds_count")
+    measured = sum(ttft_after.get(k, 0) - ttft_before.get(k, 0) for k in ttft_after)
+    assert measured >= len(stats.results), (ttft_before, ttft_after)
+    rates = _health(proxy)["routing"]["groups"][KV]["rates"]
+    assert sum(r["measured_ttfts"] for r in rates.values()) > 0, rates
 
 
 def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
