@@ -136,6 +136,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
 
     name = "reasoning"
     section = "reasoning"
+    meter = METER
     group_settings_cls = GroupReasoningSettings
     policy_fields = POLICY_FIELDS
 
@@ -260,6 +261,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         now = datetime.now(timezone.utc)
         group = req.model_group
         metered = True
+        self.track_holds(req, decision.charges)
         for pl in policy.periods:
             charge: dict[str, Any] = {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
                                       "source": pl.limit.source, "at": now.isoformat()}

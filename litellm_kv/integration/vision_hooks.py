@@ -92,6 +92,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
 
     name = "vision"
     section = "vision"
+    meter = METER
     group_settings_cls = GroupVisionSettings
     policy_fields = POLICY_FIELDS
 
@@ -195,6 +196,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         )
         need_pixel_cap = self._check_pixels(req, policy, counted, resizable, downscale, why_not)
         caps, charges = await self._token_caps(req, policy)
+        self.track_holds(req, charges)
         max_pixels, downscaled_by, total = self._plan(
             req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
         )
@@ -513,6 +515,20 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         watch = _UsageWatch(chunks, on_usage)
         for holder in [stream, *_inner_wrappers(stream, chunks)]:
             holder.chunks = watch
+
+    async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
+        """A stream whose usage chunk never came (the client went away mid-stream; LiteLLM then logs
+        what was streamed as a success): the engine has read the images, so our count is charged and
+        the holds settled rather than left until they expire."""
+        if not kwargs.get("stream"):
+            return
+        decision = self._decision_of(kwargs)
+        call_id = litellm_data.call_id(kwargs)
+        if decision is None or not call_id or not self._first_settle(call_id):
+            return
+        usage = litellm_data.usage_of(response)
+        tokens = self._apply(litellm_data.logged_call_targets(kwargs), decision, usage if usage is not None else {})
+        self._charge(decision, tokens)
 
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
