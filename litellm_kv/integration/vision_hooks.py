@@ -527,7 +527,8 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         if decision is None or not call_id or not self._first_settle(call_id):
             return
         usage = litellm_data.usage_of(response)
-        tokens = self._apply(litellm_data.logged_call_targets(kwargs), decision, usage if usage is not None else {})
+        targets: list[Mapping[str, Any]] = list(litellm_data.logged_call_targets(kwargs))
+        tokens = self._apply(targets, decision, usage if usage is not None else {})
         self._charge(decision, tokens)
 
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
