@@ -263,3 +263,78 @@ async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is
         await closed.close()
         await open_.close()
         srv.stop()
+
+
+# -- the budget thread: a deadline that measures Redis, not how busy the proxy is ---------------------
+
+def _guard(deadline_ms: float = 50) -> RedisGuard:
+    return RedisGuard(RedisUse.BUDGETS, GuardSettings(deadline_ms, 3, 0.5))
+
+
+async def _reserve_while_the_loop_is_busy(store: RedisPeriodBudgets, busy_s: float) -> Hold:
+    """Reserve while this event loop is kept busy for ``busy_s``, as by a burst of requests: between
+    any two steps of the reservation (connect, handshake, load the script, run it) the loop runs 60 ms
+    of other work."""
+    loop = asyncio.get_running_loop()
+    until = time.monotonic() + busy_s
+
+    def work() -> None:
+        time.sleep(0.06)
+        if time.monotonic() < until:
+            loop.call_soon(work)
+
+    loop.call_soon(work)
+    return await store.reserve("key:busy", M, Period.DAY, 100, 10, f"h{time.time_ns()}", now=TF)
+
+
+@pytest.mark.redis
+async def test_a_busy_proxy_loop_does_not_make_a_healthy_redis_fail_open(redis_server: RedisServer) -> None:
+    """The limit `tokens_per_day` (`on_store_error: fail_open`): a reservation Redis answered at once is not
+    given up because the proxy's loop was busy past the 50 ms deadline; on the caller's own loop it was
+    (the request then ran without a hold: the overshoot bound did not hold under a burst)."""
+    from litellm_kv.redis_client import RedisLoop
+
+    own = RedisPeriodBudgets(redis_server.url, prefix="busy", guard=_guard(), loop=RedisLoop("budgets-test"))
+    shared = RedisPeriodBudgets(redis_server.url, prefix="busy-shared", guard=_guard())
+    try:
+        # Both stores are cold (no connection yet), as a pool growing for a burst's concurrent calls is.
+        held = await _reserve_while_the_loop_is_busy(own, 0.5)
+        assert (held.granted, held.metered) == (10, True)
+        assert own.guard is not None and own.guard.deadline_exceeded == 0
+        # The same call with the deadline on the busy loop itself: the answer is there, the deadline wins.
+        late = await _reserve_while_the_loop_is_busy(shared, 0.5)
+        assert late.metered is False
+    finally:
+        await own.close()
+        await shared.close()
+
+
+@pytest.mark.redis
+async def test_budget_thread_still_gives_up_on_a_paused_redis_within_the_deadline() -> None:
+    """Bounded waits of the period budgets when their calls run on a loop of their own: a paused Redis
+    costs one deadline per call, then nothing while the breaker is open; a call paused mid-way is
+    released once Redis answers again."""
+    from litellm_kv.redis_client import RedisLoop
+
+    srv = RedisServer(name="redis-budgets-thread-paused")
+    store = RedisPeriodBudgets(srv.url, fail_open=False, prefix="tp", guard=_guard(), loop=RedisLoop("budgets-t"))
+    try:
+        assert (await store.reserve("key:a", M, Period.DAY, 100, 10, "h0", now=TF)).granted == 10
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+        try:
+            waits = [await _timed(lambda: store.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF))
+                     for _ in range(5)]
+        finally:
+            srv.proc.signal(signal.SIGCONT)
+        assert all(w < 0.25 for w in waits[:3]), waits  # one deadline each, not the 0.5 s socket timeout
+        assert all(w < 0.02 for w in waits[3:]), waits  # breaker open: Redis is not waited on
+        await asyncio.sleep(0.6)
+        for _ in range(40):
+            if (await store.check("key:a", M, Period.DAY, 100, now=TF)).held == 10:
+                break
+            await asyncio.sleep(0.05)
+        assert (await store.check("key:a", M, Period.DAY, 100, now=TF)).held == 10
+    finally:
+        await store.close()
+        srv.stop()
