@@ -61,6 +61,13 @@ async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mu
                         meter.replace("_", " "), ch["scope"])
 
 
+#: LiteLLM call types of the endpoints other than /v1/chat/completions, by the path a client calls. Their
+#: answers come in usage and content shapes the governance handlers do not measure (Responses ``usage``
+#: and ``reasoning`` items, Anthropic ``usage`` and ``thinking`` blocks), so a group whose limits a handler
+#: enforces refuses them rather than serve them unmetered.
+UNMETERED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
+                       "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
+
 #: The config sections whose limits a client must not escape by naming the same deployments differently.
 GOVERNED_SECTIONS = ("reasoning", "vision")
 

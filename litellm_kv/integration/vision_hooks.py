@@ -51,7 +51,7 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds
+from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 
@@ -179,7 +179,23 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return PolicyViolation(status, message, limit_name=limit_name, limit=limit, value=value, source=source,
                                headers=headers or {})
 
+    def _check_endpoint(self, req: ProxyRequest) -> None:
+        """/v1/responses and /v1/messages are refused: images are found in their requests, but what the
+        call used is not charged from their usage shapes (verified on /v1/chat/completions only)."""
+        endpoint = UNMETERED_ENDPOINTS.get(req.call_type)
+        if endpoint is None:
+            return
+        group = req.model_group
+        raise self._reject(
+            req, 400, "vision.endpoint",
+            f"Model '{group}' has visual-token limits, which are counted and charged on /v1/chat/completions "
+            f"only; {endpoint} is refused on it (limit vision.endpoint; use /v1/chat/completions).",
+            "/v1/chat/completions", endpoint,
+            f"config model_groups.{group}.vision",
+        )
+
     async def pre_call(self, req: ProxyRequest) -> None:
+        self._check_endpoint(req)
         gs = self.group_settings(req.model_group)
         started = time.perf_counter()
         b = self._processor_bounds(req, gs)
