@@ -516,7 +516,8 @@ def make_period_budgets(redis_url: str | None, options: BudgetSettings | None = 
     if redis_url:
         return RedisPeriodBudgets(
             redis_url, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
-            guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s)),
+            guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s),
+                             second_look=True),
             loop=RedisLoop(RedisUse.BUDGETS.value, backstop_s=o.deadline_ms / 1000.0 + LOOP_BACKSTOP_S),
         )
     return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)
