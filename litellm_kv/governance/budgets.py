@@ -76,6 +76,10 @@ EXPIRY_GRACE = timedelta(days=1)
 #: a thread that is stuck, not a slow Redis, takes that long: the deadline ends every call in the thread).
 LOOP_BACKSTOP_S = 2.0
 
+#: Connections the Redis store opens at start-up (:meth:`RedisPeriodBudgets.warm`): a burst of up to this
+#: many concurrent budget calls finds them open.
+WARM_CONNECTIONS = 32
+
 #: How long a hold lives when the store is not told otherwise (``BudgetSettings.hold_ttl_s``).
 DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
 
@@ -496,6 +500,22 @@ class RedisPeriodBudgets:
             await self._run("release", scope, meter, period, now, hold=hold)
         except Exception as exc:
             self._failed("release", exc)
+
+    async def warm(self, connections: int = WARM_CONNECTIONS, timeout_s: float = 5.0) -> None:
+        """Open ``connections`` connections and load the script before the first request: a burst that
+        finds the pool empty spends its first deadline on connecting (several round trips each), not on
+        the budget. Best effort: a Redis that is down now is the first request's failure, as before."""
+        async def ping_all() -> None:
+            await self._script(keys=["warm", "warm:holds", "warm:hold_until"], args=["check", "", 0, 0, "0", "0", 0])
+            await asyncio.gather(*(self._redis.ping() for _ in range(connections)))
+
+        try:
+            if self.loop is not None:
+                await self.loop.run(lambda: asyncio.wait_for(ping_all(), timeout_s))
+            else:
+                await asyncio.wait_for(ping_all(), timeout_s)
+        except Exception as exc:
+            log.warning("litellm-kv: could not open the budget store's connections at start-up: %s", exc)
 
     async def close(self) -> None:
         for task in list(self._cleanup):

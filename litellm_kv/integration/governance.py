@@ -227,6 +227,13 @@ class GovernanceHandler(Handler, Generic[G]):
             self._budgets = make_period_budgets(self.settings.redis_url, self.settings.budgets)
         return self._budgets
 
+    async def startup(self) -> None:
+        # Connections to the budget store opened now, not by the first burst of requests.
+        if any(self.enabled_for(g) for g in self.settings.model_groups.values()):
+            warm = getattr(self.budgets, "warm", None)
+            if warm is not None:
+                await warm()
+
     async def shutdown(self) -> None:
         if self._budgets is not None:
             await self._budgets.close()
