@@ -3,8 +3,10 @@ healthy real redis-server, with the budget store's default settings (``litellm_k
 ``on_store_error: fail_open``).
 
 Each round sets the key's day budget to ``--left`` tokens left, sends ``--burst`` requests at once and waits
-until every hold is settled; it prints how far usage went past the limit (the overshoot the budget must keep
-to 0 here: the upstream, like vLLM, stops thinking at ``thinking_token_budget``), how many budget calls
+until every hold is settled; it prints how many reasoning tokens the answers carried beyond what was left
+(``overshoot``, which the budget must keep at or under 0 here: the upstream, like vLLM, stops thinking at
+``thinking_token_budget``), how far the budget's counter went past the limit (``charged_over``: below the
+overshoot when charges were lost), how many budget calls
 failed open (``litellm_kv_budget_store_errors_total``), how many missed the deadline
 (``litellm_kv_redis_call_failures_total{use="budgets"}``) and the requests' latency.
 
@@ -56,13 +58,17 @@ def _counts(proxy: Proxy) -> tuple[float, float]:
             _metric(text, "litellm_kv_redis_call_failures_total", use="budgets"))
 
 
-async def _burst(proxy: Proxy, n: int) -> list[tuple[float, int]]:
+async def _burst(proxy: Proxy, n: int) -> list[tuple[float, int, int]]:
     payload = {"model": "qwen", "messages": [{"role": "user", "content": "think hard"}]}
 
-    async def one(client: httpx.AsyncClient) -> tuple[float, int]:
+    async def one(client: httpx.AsyncClient) -> tuple[float, int, int]:
         t = time.perf_counter()
         r = await client.post(proxy.url + "/v1/chat/completions", json=payload, headers=proxy.headers(KEY))
-        return time.perf_counter() - t, r.status_code
+        used = 0
+        if r.status_code == 200:
+            details = (r.json().get("usage") or {}).get("completion_tokens_details") or {}
+            used = int(details.get("reasoning_tokens") or 0)
+        return time.perf_counter() - t, r.status_code, used
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=n + 4)) as client:
         return list(await asyncio.gather(*[one(client) for _ in range(n)]))
@@ -80,11 +86,14 @@ def run_round(proxy: Proxy, srv: RedisServer, n: int, left: int) -> dict[str, An
             break
         time.sleep(0.25)
     fails_after, misses_after = _counts(proxy)
-    lat = sorted(t for t, _ in results)
+    lat = sorted(t for t, _, _ in results)
+    served = sum(u for _, _, u in results)
     return {
-        "overshoot": int(r.get(key) or 0) - LIMIT,
-        "ok": sum(1 for _, s in results if s == 200),
-        "refused": sum(1 for _, s in results if s == 429),
+        # What the burst thought beyond what was left (from the answers), and what the counter shows.
+        "overshoot": served - left,
+        "charged_over": int(r.get(key) or 0) - LIMIT,
+        "ok": sum(1 for _, s, _ in results if s == 200),
+        "refused": sum(1 for _, s, _ in results if s == 429),
         "fail_open": int(fails_after - fails_before),
         "deadline_misses": int(misses_after - misses_before),
         "p50_ms": round(statistics.median(lat) * 1000),
