@@ -118,8 +118,10 @@ def main() -> None:
         "litellm_kv": {"redis_url": srv.url, "model_groups": {"qwen": {"reasoning": {"style": "vllm"}}}},
     }
     keys = {KEY: {"key_alias": "burst", "metadata": {"litellm_kv": {"reasoning": {"tokens_per_day": LIMIT}}}}}
-    proxy = start_proxy(config, name="litellm-bench-burst", keys=keys, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    proxy: Proxy | None = None
     try:
+        proxy = start_proxy(config, name="litellm-bench-burst", keys=keys,
+                            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
         run_round(proxy, srv, 2, LIMIT)  # warm-up: first-request imports and connections
         rounds = [run_round(proxy, srv, args.burst, args.left) for _ in range(args.rounds)]
         for i, row in enumerate(rounds):
@@ -130,7 +132,9 @@ def main() -> None:
               f"{sum(row['fail_open'] for row in rounds)}; p50 {statistics.median(r['p50_ms'] for r in rounds)} ms; "
               f"max {max(r['max_ms'] for r in rounds)} ms", flush=True)
     finally:
-        proxy.stop()
+        # Everything this run started goes, also when the proxy never came up.
+        if proxy is not None:
+            proxy.stop()
         upstream.stop()
         srv.stop()
 
