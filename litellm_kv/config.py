@@ -373,8 +373,9 @@ class BudgetSettings:
         "Longest wait for one budget call on the request path (reserve before the call, settle after it); "
         "past it the call counts as a store failure. A request waits at most about this long per governance "
         "handler before the call (later periods are not asked once one failed); settling after the call runs "
-        "off the response path. It is wall time in the proxy's event loop, so a proxy busy with a burst can "
-        "miss it with Redis healthy.",
+        "off the response path. Budget calls run on an event loop of their own (a thread), so the deadline "
+        "measures Redis and the network, not how busy the proxy is: a burst of requests does not make a "
+        "healthy Redis miss it.",
         default=50.0,
     )
     breaker_failures: int = doc(

@@ -16,11 +16,19 @@ circuit breaker. A socket timeout alone lets a paused Redis (the server accepts 
 answers) hold every routed request for the whole timeout; the deadline bounds that wait, and after
 ``breaker_failures`` consecutive failures the breaker answers at once (:class:`RedisSkipped`) for
 ``breaker_cooldown_s`` so a sick Redis costs nothing at all, then lets one probe through.
+
+A deadline measured on the proxy's own event loop also counts the time that loop spends on other
+requests: a burst that keeps it busy makes calls to a healthy Redis "late". Period budgets must tell a
+sick Redis from a busy proxy (a call that fails open lets a request run without its hold), so their
+calls run on a :class:`RedisLoop`, an event loop of their own in a thread, where the deadline measures
+Redis and the network only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -215,6 +223,15 @@ CALLS_SKIPPED = counter(
 )
 
 
+#: Passes of the loop a guard with ``second_look`` gives an answer that may already have arrived.
+SECOND_LOOK_PASSES = 4
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class RedisSkipped(RedisError):
     """The store's circuit breaker is open: the call was not sent (callers fall back as on any Redis error)."""
 
@@ -254,12 +271,18 @@ class RedisGuard:
     failure opens it for another cool-down.
     """
 
-    def __init__(self, use: RedisUse, limits: GuardLimits, *, scope: str = "",
+    def __init__(self, use: RedisUse, limits: GuardLimits, *, scope: str = "", second_look: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``scope`` names what the store serves (a model group) on ``/litellm-kv/health``."""
+        """``scope`` names what the store serves (a model group) on ``/litellm-kv/health``.
+
+        ``second_look``: when the deadline passes, let the loop read what has already arrived before
+        giving the call up (a few passes of the loop, no waiting). A thread that was not scheduled for a
+        while wakes up to the deadline and the answer at once, and asyncio would run the deadline first;
+        meant for a loop of the store's own (:class:`RedisLoop`), where those passes cost nothing."""
         self.use = use
         self.limits = limits
         self.scope = scope
+        self.second_look = second_look
         self._clock = clock
         self.state: BreakerState = "closed"
         self.consecutive_failures = 0
@@ -277,6 +300,12 @@ class RedisGuard:
         :class:`RedisDeadlineExceeded` when Redis does not answer in time."""
         probe = self._admit()
         self.calls += 1
+        if self.second_look:
+            try:
+                return await self._run_looking_twice(call)
+            finally:
+                if probe:
+                    self._probing = False
         try:
             try:
                 async with asyncio.timeout(self.limits.deadline_ms / 1000.0) as within:
@@ -295,6 +324,31 @@ class RedisGuard:
         finally:
             if probe:
                 self._probing = False  # a cancelled probe leaves the breaker half open: the next call probes
+        self._succeeded()
+        return result
+
+    async def _run_looking_twice(self, call: Callable[[], Awaitable[T]]) -> T:
+        task = asyncio.ensure_future(call())
+        try:
+            await asyncio.wait({task}, timeout=self.limits.deadline_ms / 1000.0)
+            for _ in range(SECOND_LOOK_PASSES):
+                if task.done():
+                    break
+                await asyncio.sleep(0)  # one pass of the loop: sockets that are readable are read
+        except BaseException:
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)  # however the abandoned call ends, nobody awaits it
+            self._failed("deadline")
+            raise RedisDeadlineExceeded(
+                f"Redis ({self.use.value}) did not answer within the deadline of {self.limits.deadline_ms:g} ms")
+        try:
+            result = task.result()
+        except Exception:
+            self._failed("error")
+            raise
         self._succeeded()
         return result
 
@@ -351,6 +405,75 @@ async def guarded(guard: RedisGuard | None, call: Callable[[], Awaitable[T]]) ->
     """``call()`` through ``guard`` when the store has one (stores used off the routing path, like the
     indexer's writes, have none)."""
     return await (call() if guard is None else guard.run(call))
+
+
+class RedisLoop:
+    """An event loop of its own, in a daemon thread, that one store's Redis calls run on.
+
+    The store's client and its connections live on this loop; the proxy's loop only hands it calls and
+    awaits their results. A call's deadline (its :class:`RedisGuard` runs here too) is then measured on a
+    loop that has nothing else to do: a proxy whose own loop is busy with a burst of requests no longer
+    makes a healthy Redis miss it, while a paused Redis still does, after the same wait. Started on the
+    first call (after any fork of the proxy's workers), restarted if its thread has died.
+    """
+
+    def __init__(self, name: str, *, backstop_s: float = 5.0) -> None:
+        """``backstop_s``: the longest the proxy's loop waits for a call this loop has not finished (only
+        a stuck thread can take that long: the guard's deadline ends every call here well before)."""
+        self.name = name
+        self.backstop_s = backstop_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop of the thread (started now when there is none)."""
+        with self._lock:
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=serve, name=f"litellm-kv-{self.name}", daemon=True)
+                self._thread.start()
+                ready.wait(5.0)
+                self._loop = loop
+            return self._loop
+
+    async def run(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``await work()`` on this loop, from any other loop; a call this loop has finished is never
+        dropped because the caller's loop was slow to pick up its result."""
+        async def on_loop() -> T:
+            return await work()
+
+        done: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(on_loop(), self.loop())
+        waiter = asyncio.wrap_future(done)
+        try:
+            await asyncio.wait({waiter}, timeout=self.backstop_s)
+        except BaseException:
+            done.cancel()  # the caller was cancelled: so is the call
+            raise
+        if waiter.done():
+            if not waiter.cancelled():
+                waiter.exception()  # read here (as done's), so the wrapper's copy is not reported unread
+        else:
+            waiter.cancel()  # the result is taken from ``done`` below, or the call is given up
+        if not done.done():
+            done.cancel()
+            raise RedisDeadlineExceeded(f"Redis ({self.name}) call not finished by its own loop within "
+                                        f"{self.backstop_s:g} s")
+        return done.result()
+
+    def close(self) -> None:
+        """Stop the thread's loop (its calls are abandoned); a later call starts a new one."""
+        with self._lock:
+            loop, self._loop, self._thread = self._loop, None, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
 
 
 def guard_status() -> list[dict[str, Any]]:

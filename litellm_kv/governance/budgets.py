@@ -54,6 +54,7 @@ from litellm_kv.redis_client import (
     GuardSettings,
     RedisDeadlineExceeded,
     RedisGuard,
+    RedisLoop,
     RedisSkipped,
     RedisTarget,
     RedisUse,
@@ -71,6 +72,14 @@ STORE_ERRORS = counter(
 
 #: Counters outlive their window by this much (late charges of long streams still land).
 EXPIRY_GRACE = timedelta(days=1)
+
+#: How much longer than the deadline the proxy waits for the budget thread before giving a call up (only
+#: a thread that is stuck, not a slow Redis, takes that long: the deadline ends every call in the thread).
+LOOP_BACKSTOP_S = 2.0
+
+#: Connections the Redis store opens at start-up (:meth:`RedisPeriodBudgets.warm`): a burst of up to this
+#: many concurrent budget calls finds them open.
+WARM_CONNECTIONS = 32
 
 #: How long a hold lives when the store is not told otherwise (``BudgetSettings.hold_ttl_s``).
 DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
@@ -345,6 +354,7 @@ class RedisPeriodBudgets:
         timeout_s: float | None = None,
         hold_ttl_s: float = DEFAULT_HOLD_TTL_S,
         guard: RedisGuard | None = None,
+        loop: RedisLoop | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
     ) -> None:
@@ -353,6 +363,8 @@ class RedisPeriodBudgets:
         self.hold_ttl_s = hold_ttl_s
         # Without a guard every call waits for its own answer (the client's socket timeout).
         self.guard = guard
+        # Where the calls (and the guard's deadline) run: a loop of their own, or the caller's.
+        self.loop = loop
         self._clock = clock
         # Reservations that missed their deadline: Redis may still run them when it wakes up (the command
         # was sent), so they are released once it answers again rather than left held until they expire.
@@ -382,7 +394,10 @@ class RedisPeriodBudgets:
         """One Redis call under the deadline and the circuit breaker (a refusal or a missed deadline is a
         failure like any other, so callers handle all three alike)."""
         try:
-            result = await guarded(self.guard, call)
+            if self.loop is not None:
+                result = await self.loop.run(lambda: guarded(self.guard, call))
+            else:
+                result = await guarded(self.guard, call)
         except RedisSkipped:
             assert self.guard is not None
             lim = self.guard.limits
@@ -390,8 +405,9 @@ class RedisPeriodBudgets:
                 f"circuit breaker open after {lim.breaker_failures} consecutive failures; Redis is not asked "
                 f"for {lim.breaker_cooldown_s:g} s"
             ) from None
-        except RedisDeadlineExceeded:
-            assert self.guard is not None
+        except RedisDeadlineExceeded as exc:
+            if self.guard is None:
+                raise BudgetStoreError(str(exc)) from None
             raise BudgetStoreError(f"no answer within the deadline of {self.guard.limits.deadline_ms:g} ms") from None
         if self._unsure and not self._cleanup:
             spawn_held(self._cleanup, self._release_unsure())
@@ -452,6 +468,11 @@ class RedisPeriodBudgets:
             granted, used, held = await self._run(
                 "reserve", scope, meter, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
             )
+        except asyncio.CancelledError:
+            # The request went away mid-call: Redis may have taken the hold all the same.
+            if len(self._unsure) < 1024:
+                self._unsure.append((scope, meter, period, hold, now))
+            raise
         except Exception as exc:
             if len(self._unsure) < 1024:
                 self._unsure.append((scope, meter, period, hold, now))
@@ -477,11 +498,32 @@ class RedisPeriodBudgets:
         except Exception as exc:
             self._failed("release", exc)
 
+    async def warm(self, connections: int = WARM_CONNECTIONS, timeout_s: float = 5.0) -> None:
+        """Open ``connections`` connections and load the script before the first request: a burst that
+        finds the pool empty spends its first deadline on connecting (several round trips each), not on
+        the budget. Best effort: a Redis that is down now is the first request's failure, as before."""
+        async def ping_all() -> None:
+            await self._script(keys=["warm", "warm:holds", "warm:hold_until"], args=["check", "", 0, 0, "0", "0", 0])
+            await asyncio.gather(*(self._redis.ping() for _ in range(connections)))
+
+        try:
+            if self.loop is not None:
+                await self.loop.run(lambda: asyncio.wait_for(ping_all(), timeout_s))
+            else:
+                await asyncio.wait_for(ping_all(), timeout_s)
+        except Exception as exc:
+            log.warning("litellm-kv: could not open the budget store's connections at start-up: %s", exc)
+
     async def close(self) -> None:
         for task in list(self._cleanup):
             task.cancel()
         with contextlib.suppress(Exception):  # closing a broken connection is best effort
-            await self._redis.aclose()
+            if self.loop is not None:
+                await self.loop.run(self._redis.aclose)
+            else:
+                await self._redis.aclose()
+        if self.loop is not None:
+            self.loop.close()
 
 
 def make_period_budgets(target: str | RedisTarget | None, options: BudgetSettings | None = None) -> PeriodBudgets:
@@ -491,6 +533,8 @@ def make_period_budgets(target: str | RedisTarget | None, options: BudgetSetting
     if target:
         return RedisPeriodBudgets(
             target, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,
-            guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s)),
+            guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s),
+                             second_look=True),
+            loop=RedisLoop(RedisUse.BUDGETS.value, backstop_s=o.deadline_ms / 1000.0 + LOOP_BACKSTOP_S),
         )
     return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

@@ -189,34 +189,48 @@ class LiteLLMKV(CustomLogger):
             group=group,
             record_key=record_key,
         )
-        for h in acting:
-            try:
-                await h.pre_call(req)
-            except PolicyViolation as exc:
-                self.records.forget(record_key)
-                raise self._refusal(exc) from None
-            except Exception as exc:
-                if not h.fails_closed:
-                    self._contain(h, "pre_call")
-                    continue
-                self.records.forget(record_key)
-                log.exception("litellm-kv: %s.pre_call failed on governed model '%s'; refusing the request",
-                              h.name, model_group)
-                raise self._refusal(PolicyViolation(
-                    500, f"The {h.name} limits of model '{model_group}' could not be applied to this request "
-                    f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
-                    "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
-                )) from None
+        try:
+            for h in acting:
+                try:
+                    await h.pre_call(req)
+                except PolicyViolation as exc:
+                    raise self._refusal(exc) from None
+                except Exception as exc:
+                    if not h.fails_closed:
+                        self._contain(h, "pre_call")
+                        continue
+                    log.exception("litellm-kv: %s.pre_call failed on governed model '%s'; refusing the request",
+                                  h.name, model_group)
+                    raise self._refusal(PolicyViolation(
+                        500, f"The {h.name} limits of model '{model_group}' could not be applied to this request "
+                        f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
+                        "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
+                    )) from None
+        except BaseException:
+            # Refused, failed or cancelled (the client went away): the call will not run, so what an
+            # earlier handler reserved for it (a vision hold before reasoning refuses) is given back now.
+            self._abandon(acting, record_key)
+            raise
         if req.response_headers and record_key:
             self.records.put(record_key, HEADERS_RECORD, dict(req.response_headers))
         return data
+
+    def _abandon(self, handlers: list[Handler], record_key: str | None) -> None:
+        """The call ``record_key`` is over without a result: each handler gives back what it reserved."""
+        for h in handlers:
+            try:
+                h.abandon(record_key)
+            except Exception:
+                self._contain(h, "abandon")
+        self.records.forget(record_key)
 
     async def async_post_call_failure_hook(
         self, request_data: dict, original_exception: Exception, user_api_key_dict: Any,
         traceback_str: str | None = None,
     ) -> Any:
-        # The call is over (every retry and fallback failed, or pre_call refused it): its records are done.
-        self.records.forget(litellm_data.call_key(request_data))
+        # The call is over (every retry and fallback failed, or pre_call refused it): its holds are given
+        # back (LiteLLM does not log a failure event for every such call) and its records are done.
+        self._abandon(self.handlers, litellm_data.call_key(request_data))
         return None
 
     async def async_post_call_success_hook(self, data: dict, user_api_key_dict: Any, response: Any) -> Any:

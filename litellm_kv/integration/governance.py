@@ -62,6 +62,13 @@ async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mu
                         meter.replace("_", " "), ch["scope"])
 
 
+#: LiteLLM call types of the endpoints other than /v1/chat/completions, by the path a client calls. Their
+#: answers come in usage and content shapes the governance handlers do not measure (Responses ``usage``
+#: and ``reasoning`` items, Anthropic ``usage`` and ``thinking`` blocks), so a group whose limits a handler
+#: enforces refuses them rather than serve them unmetered.
+UNMETERED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
+                       "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
+
 #: The config sections whose limits a client must not escape by naming the same deployments differently.
 GOVERNED_SECTIONS = ("reasoning", "vision")
 
@@ -181,6 +188,7 @@ class GovernanceHandler(Handler, Generic[G]):
     """Base of a handler that acts on groups whose config has a non-empty ``section``."""
 
     section = ""  # "reasoning" or "vision": the ModelGroupSettings field
+    meter = ""  # the period budgets' meter: "reasoning_tokens" or "visual_tokens"
     group_settings_cls: type[Any] = object  # the dataclass of the group-level options
     policy_fields: tuple[str, ...] = ()  # keys of the section that are limits, not group options
     fails_closed = True  # an error while deciding must not send the request on without its limits
@@ -190,6 +198,24 @@ class GovernanceHandler(Handler, Generic[G]):
         self._budgets = budgets
         self._groups: dict[str, G] = {}
         self._settling: set[asyncio.Task[None]] = set()
+
+    @property
+    def holds_record(self) -> str:
+        """The call record under which this handler keeps the budgets it charges (and the holds on them)."""
+        return f"{self.section}.charges"
+
+    def track_holds(self, req: ProxyRequest, charges: list[dict[str, Any]]) -> None:
+        """Keep ``charges`` (whose holds are about to be taken) under the call's record, so that
+        :meth:`abandon` finds every hold whatever happens next, in this handler or a later one."""
+        self._require_record_key(req)
+        assert req.record_key is not None
+        self.records.put(req.record_key, self.holds_record, charges)
+
+    def abandon(self, record_key: str | None) -> None:
+        charges = self.records.get(record_key, self.holds_record)
+        if charges and any(ch.get("hold") for ch in charges):
+            # Spawned, not awaited: this also runs in a cancelled request, which may not wait any more.
+            spawn_held(self._settling, release_holds(self.budgets, self.meter, charges))
 
     def settle_later(self, meter: str, charges: list[dict[str, Any]], tokens: int) -> None:
         """Settle the call's holds off the response path: until it lands the hold still counts, so
@@ -202,6 +228,13 @@ class GovernanceHandler(Handler, Generic[G]):
             self._budgets = make_period_budgets(self.settings.redis_for("budgets"), self.settings.budgets)
         return self._budgets
 
+    async def startup(self) -> None:
+        # Connections to the budget store opened now, not by the first burst of requests.
+        if any(self.enabled_for(g) for g in self.settings.model_groups.values()):
+            warm = getattr(self.budgets, "warm", None)
+            if warm is not None:
+                await warm()
+
     async def shutdown(self) -> None:
         if self._budgets is not None:
             await self._budgets.close()
@@ -211,6 +244,11 @@ class GovernanceHandler(Handler, Generic[G]):
 
     def keep_decision(self, req: ProxyRequest, decision: object) -> None:
         """Keep this call's decision in the proxy for the hooks after the upstream call."""
+        self._require_record_key(req)
+        assert req.record_key is not None
+        self.records.put(req.record_key, self.section, decision)
+
+    def _require_record_key(self, req: ProxyRequest) -> None:
         if not req.record_key:
             # Without LiteLLM's call id the later hooks could not find the decision: nothing would be charged.
             raise PolicyViolation(
@@ -218,7 +256,6 @@ class GovernanceHandler(Handler, Generic[G]):
                 "no litellm_call_id to keep the decision under.", limit_name=f"{self.section}.internal_error",
                 source="litellm-kv",
             )
-        self.records.put(req.record_key, self.section, decision)
 
     def decision_of(self, data: Mapping[str, Any]) -> Any | None:
         """The decision :meth:`keep_decision` kept for the call ``data`` belongs to (any hook); ``None``

@@ -97,6 +97,12 @@ class Handler:
     async def pre_call(self, req: ProxyRequest) -> None:
         """Before routing: check limits (raise PolicyViolation), clamp or add fields in ``req.data``."""
 
+    def abandon(self, record_key: str | None) -> None:
+        """The call ``record_key`` will not run, or failed for good: a later handler refused it, a
+        ``pre_call`` failed or was cancelled, or LiteLLM gave up on it. Give back at once whatever this
+        handler reserved for it (budget holds). Synchronous so that it also runs in a cancelled task:
+        any waiting must happen in a task of the handler's own."""
+
     async def filter_deployments(
         self,
         model_group: str,

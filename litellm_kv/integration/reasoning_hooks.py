@@ -42,7 +42,7 @@ from litellm_kv.governance.reasoning import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds
+from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity.meters import HFMeter
@@ -52,8 +52,7 @@ log = logging.getLogger("litellm_kv.governance.reasoning")
 METER = "reasoning_tokens"
 #: Endpoints whose answers carry reasoning in shapes this handler neither measures nor hides (Responses
 #: ``reasoning`` items, Anthropic ``thinking`` blocks): refused on governed groups rather than served unmetered.
-UNGOVERNED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
-                        "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
+UNGOVERNED_ENDPOINTS = UNMETERED_ENDPOINTS
 HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
 HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
 HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
@@ -136,6 +135,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
 
     name = "reasoning"
     section = "reasoning"
+    meter = METER
     group_settings_cls = GroupReasoningSettings
     policy_fields = POLICY_FIELDS
 
@@ -196,7 +196,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             REJECTED.labels(group, "endpoint").inc()
             raise PolicyViolation(
                 400, f"Model '{group}' has reasoning budgets, which are measured and enforced on "
-                f"/v1/chat/completions only; {endpoint} is refused on it (use /v1/chat/completions).",
+                f"/v1/chat/completions only; {endpoint} is refused on it (limit reasoning.endpoint; use "
+                "/v1/chat/completions).",
                 limit_name="reasoning.endpoint", value=endpoint, source=f"config model_groups.{group}.reasoning",
             )
         policy = self._policy(req, gs)
@@ -264,6 +265,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         now = datetime.now(timezone.utc)
         group = req.model_group
         metered = True
+        self.track_holds(req, decision.charges)
         for pl in policy.periods:
             charge: dict[str, Any] = {"scope": pl.scope, "period": pl.period.value, "limit": pl.limit.value,
                                       "source": pl.limit.source, "at": now.isoformat()}

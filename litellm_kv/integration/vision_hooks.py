@@ -51,7 +51,7 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds
+from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 
@@ -92,6 +92,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
 
     name = "vision"
     section = "vision"
+    meter = METER
     group_settings_cls = GroupVisionSettings
     policy_fields = POLICY_FIELDS
 
@@ -182,7 +183,23 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return PolicyViolation(status, message, limit_name=limit_name, limit=limit, value=value, source=source,
                                headers=headers or {})
 
+    def _check_endpoint(self, req: ProxyRequest) -> None:
+        """/v1/responses and /v1/messages are refused: images are found in their requests, but what the
+        call used is not charged from their usage shapes (verified on /v1/chat/completions only)."""
+        endpoint = UNMETERED_ENDPOINTS.get(req.call_type)
+        if endpoint is None:
+            return
+        group = req.model_group
+        raise self._reject(
+            req, 400, "vision.endpoint",
+            f"Model '{group}' has visual-token limits, which are counted and charged on /v1/chat/completions "
+            f"only; {endpoint} is refused on it (limit vision.endpoint; use /v1/chat/completions).",
+            "/v1/chat/completions", endpoint,
+            f"config model_groups.{group}.vision",
+        )
+
     async def pre_call(self, req: ProxyRequest) -> None:
+        self._check_endpoint(req)
         gs = self.group_settings(req.model_group)
         started = time.perf_counter()
         b = self._processor_bounds(req, gs)
@@ -199,6 +216,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         )
         need_pixel_cap = self._check_pixels(req, policy, counted, resizable, downscale, why_not)
         caps, charges = await self._token_caps(req, policy)
+        self.track_holds(req, charges)
         max_pixels, downscaled_by, total = self._plan(
             req, gs, policy, counted, b, caps, need_pixel_cap=need_pixel_cap, downscale=downscale, why_not=why_not
         )
@@ -506,6 +524,21 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         details = stream_usage.watch(stream, on_usage)
         if details:
             targets.append(details)
+
+    async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
+        """A stream whose usage chunk never came (the client went away mid-stream; LiteLLM then logs
+        what was streamed as a success): the engine has read the images, so our count is charged and
+        the holds settled rather than left until they expire."""
+        if not kwargs.get("stream"):
+            return
+        decision = self._decision_of(kwargs)
+        call_id = litellm_data.call_id(kwargs)
+        if decision is None or not call_id or not self._first_settle(call_id):
+            return
+        usage = litellm_data.usage_of(response)
+        targets: list[Mapping[str, Any]] = list(litellm_data.logged_call_targets(kwargs))
+        tokens = self._apply(targets, decision, usage if usage is not None else {})
+        self._charge(decision, tokens)
 
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the

@@ -27,7 +27,7 @@ from litellm_kv.governance.budgets import (
     PeriodBudgets,
     RedisPeriodBudgets,
 )
-from litellm_kv.redis_client import GuardSettings, RedisGuard, RedisUse
+from litellm_kv.redis_client import GuardSettings, RedisDeadlineExceeded, RedisGuard, RedisUse
 from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
 from tools.harness.redis_server import RedisServer
 
@@ -287,4 +287,117 @@ async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is
     finally:
         await closed.close()
         await open_.close()
+        srv.stop()
+
+
+# -- the budget thread: a deadline that measures Redis, not how busy the proxy is ---------------------
+
+def _guard(deadline_ms: float = 50, *, second_look: bool = False) -> RedisGuard:
+    return RedisGuard(RedisUse.BUDGETS, GuardSettings(deadline_ms, 3, 0.5), second_look=second_look)
+
+
+async def test_second_look_takes_an_answer_that_arrived_with_the_deadline() -> None:
+    """A thread that was not scheduled past the deadline wakes up to the answer and the deadline at once:
+    asyncio runs the deadline first and the call is given up although Redis answered (the request then
+    runs without its hold); a guard with ``second_look`` reads the answer first."""
+    loop = asyncio.get_running_loop()
+
+    async def call() -> str:
+        answer: asyncio.Future[str] = loop.create_future()
+
+        def starved() -> None:  # the thread off the CPU past the deadline; the answer lands meanwhile
+            time.sleep(0.1)
+            loop.call_soon(answer.set_result, "answer")
+
+        loop.call_later(0.01, starved)
+        return await answer
+
+    with pytest.raises(RedisDeadlineExceeded):
+        await _guard().run(call)
+    looking = _guard(second_look=True)
+    assert await looking.run(call) == "answer"
+    assert looking.deadline_exceeded == 0
+
+    async def never() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    t = time.perf_counter()
+    with pytest.raises(RedisDeadlineExceeded):
+        await looking.run(never)  # no answer: given up at the deadline, as without a second look
+    assert time.perf_counter() - t < 0.25
+
+
+async def _reserve_while_the_loop_is_busy(store: RedisPeriodBudgets, busy_s: float) -> Hold:
+    """Reserve while this event loop is kept busy for ``busy_s``, as by a burst of requests: between
+    any two steps of the reservation (connect, handshake, load the script, run it) the loop runs 60 ms
+    of other work."""
+    loop = asyncio.get_running_loop()
+    until = time.monotonic() + busy_s
+
+    def work() -> None:
+        time.sleep(0.06)
+        if time.monotonic() < until:
+            loop.call_soon(work)
+
+    loop.call_soon(work)
+    return await store.reserve("key:busy", M, Period.DAY, 100, 10, f"h{time.time_ns()}", now=TF)
+
+
+@pytest.mark.redis
+async def test_a_busy_proxy_loop_does_not_make_a_healthy_redis_fail_open(redis_server: RedisServer) -> None:
+    """The limit `tokens_per_day` (`on_store_error: fail_open`): a reservation Redis answered at once is not
+    given up because the proxy's loop was busy past the 50 ms deadline; on the caller's own loop it was
+    (the request then ran without a hold: the overshoot bound did not hold under a burst)."""
+    from litellm_kv.redis_client import RedisLoop
+
+    own = RedisPeriodBudgets(redis_server.url, prefix="busy", guard=_guard(second_look=True),
+                             loop=RedisLoop("budgets-test"))
+    shared = RedisPeriodBudgets(redis_server.url, prefix="busy-shared", guard=_guard())
+    try:
+        # Both stores are cold (no connection yet), as a pool growing for a burst's concurrent calls is.
+        held = await _reserve_while_the_loop_is_busy(own, 0.5)
+        assert (held.granted, held.metered) == (10, True)
+        assert own.guard is not None and own.guard.deadline_exceeded == 0
+        # The same call with the deadline on the busy loop itself: the answer is there, the deadline wins.
+        late = await _reserve_while_the_loop_is_busy(shared, 0.5)
+        assert late.metered is False
+    finally:
+        await own.close()
+        await shared.close()
+
+
+@pytest.mark.redis
+async def test_budget_thread_still_gives_up_on_a_paused_redis_within_the_deadline() -> None:
+    """Bounded waits of the period budgets when their calls run on a loop of their own: a paused Redis
+    costs one deadline per call, then nothing while the breaker is open; a call paused mid-way is
+    released once Redis answers again."""
+    from litellm_kv.redis_client import RedisLoop
+
+    srv = RedisServer(name="redis-budgets-thread-paused")
+    store = RedisPeriodBudgets(srv.url, fail_open=False, prefix="tp", guard=_guard(second_look=True),
+                               loop=RedisLoop("budgets-t"))
+    try:
+        for _ in range(40):  # connect and load the script (a loaded test machine may miss the deadline once)
+            with contextlib.suppress(BudgetStoreError):
+                assert (await store.reserve("key:a", M, Period.DAY, 100, 10, "h0", now=TF)).granted == 10
+                break
+            await asyncio.sleep(0.2)
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+        try:
+            waits = [await _timed(lambda: store.reserve("key:a", M, Period.DAY, 100, 10, "h1", now=TF))
+                     for _ in range(5)]
+        finally:
+            srv.proc.signal(signal.SIGCONT)
+        assert all(w < 0.25 for w in waits[:3]), waits  # one deadline each, not the 0.5 s socket timeout
+        assert all(w < 0.02 for w in waits[3:]), waits  # breaker open: Redis is not waited on
+        await asyncio.sleep(0.6)
+        for _ in range(40):
+            if (await store.check("key:a", M, Period.DAY, 100, now=TF)).held == 10:
+                break
+            await asyncio.sleep(0.05)
+        assert (await store.check("key:a", M, Period.DAY, 100, now=TF)).held == 10
+    finally:
+        await store.close()
         srv.stop()

@@ -482,6 +482,7 @@ def test_reasoning_and_vision_limits_hold_against_any_request(case: tuple[dict[s
     governs_images = "vision" in GROUPS[group]
     # 1. Images the engine will read are counted (or the request refused); broken ones never pass.
     if governs_images:
+        assert call_type in ("completion", "acompletion"), "an endpoint vision does not charge passed"
         assert media.broken == 0, "an image that cannot be counted passed"
         assert (out.images or 0) == media.images, (out.images, media.images)
         assert media.images <= MAX_IMAGES

@@ -180,15 +180,18 @@ def test_reasoning_show_and_charge_cannot_be_forged_on_an_ungoverned_group(stack
                       "thinking": {"type": "enabled", "budget_tokens": 4000}}),
     ("/v1/responses", {"input": "think", "reasoning": {"effort": "high"}}),
 ], ids=["messages", "responses"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_reasoning_max_budget_is_not_bypassed_through_other_endpoints(
-    stack: dict[str, Any], path: str, body: dict[str, Any]
+    stack: dict[str, Any], path: str, body: dict[str, Any], stream: bool
 ) -> None:
-    """Their reasoning is neither measured nor hidden yet: a governed group refuses them, naming why."""
+    """Their reasoning is neither measured nor hidden yet: a governed group refuses them (400
+    `reasoning.endpoint`), streamed or not, naming why, before anything reaches the engine."""
     proxy = stack["proxy"]
     sent = len(_upstream_requests(stack["upstream"]))
-    r = httpx.post(proxy.url + path, json={"model": "qwen", **body}, headers=proxy.headers("sk-capped"), timeout=60)
+    r = httpx.post(proxy.url + path, json={"model": "qwen", "stream": stream, **body},
+                   headers=proxy.headers("sk-capped"), timeout=60)
     assert r.status_code == 400, r.text
-    assert "/v1/chat/completions only" in r.text
+    assert "/v1/chat/completions only" in r.text and "reasoning.endpoint" in r.text
     assert len(_upstream_requests(stack["upstream"])) == sent
 
 

@@ -149,6 +149,16 @@ async def test_reasoning_budgets_refuse_endpoints_they_cannot_meter(call_type: s
     assert exc.value.code == "400" and exc.value.param == "reasoning.endpoint"
     assert "reasoning" not in data  # stripped even so
 
+@pytest.mark.parametrize("call_type", ["aresponses", "anthropic_messages"])
+async def test_vision_limits_refuse_endpoints_they_do_not_charge(call_type: str) -> None:
+    budgets = MemoryPeriodBudgets()
+    cb = LiteLLMKV(settings=settings(), handlers=[VisionHandler(settings(), budgets)])
+    with pytest.raises(ProxyException) as exc:
+        await cb.async_pre_call_hook(UserAPIKeyAuth(), None, _request(), call_type)
+    assert exc.value.code == "400" and exc.value.param == "vision.endpoint"
+    assert "/v1/chat/completions only" in exc.value.message
+
+
 # -- the table itself ----------------------------------------------------------------------------------
 
 

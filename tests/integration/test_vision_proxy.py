@@ -345,12 +345,34 @@ def test_video_is_rejected(stack: dict[str, Any]) -> None:
     assert "video input is not accepted" in error_of(r)
 
 
-def test_anthropic_image_block_counts(stack: dict[str, Any]) -> None:
-    # The Anthropic messages route with a base64 image block, same model group.
-    raw = png(896, 896)
-    r = httpx.post(stack["proxy"].url + "/v1/messages", headers=stack["proxy"].headers("sk-two"), timeout=60, json={
-        "model": "qwen-vl", "max_tokens": 20, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": base64.b64encode(raw).decode()}}] * 3}]})
+def _image_b64() -> str:
+    return base64.b64encode(png(896, 896)).decode()
+
+
+#: The same image through each endpoint other than /v1/chat/completions, in that endpoint's own shape.
+OTHER_ENDPOINTS = {
+    "/v1/messages": {"max_tokens": 20, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "describe this"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "{b64}"}}]}]},
+    "/v1/responses": {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "describe this"},
+        {"type": "input_image", "image_url": "data:image/png;base64,{b64}"}]}]},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("path", sorted(OTHER_ENDPOINTS))
+def test_visual_token_limits_refuse_endpoints_they_do_not_charge(stack: dict[str, Any], path: str,
+                                                                 stream: bool) -> None:
+    """The limit `vision.tokens_per_day` (and every vision limit): images on /v1/messages and /v1/responses
+    are found, but the visual tokens those calls use are not charged from their usage shapes, so a group
+    with a vision section refuses both endpoints (400 `vision.endpoint`), streamed or not, before anything
+    reaches the engine."""
+    body = json.loads(json.dumps(OTHER_ENDPOINTS[path]).replace("{b64}", _image_b64()))
+    sent = upstream_count(stack["plain"])
+    r = httpx.post(stack["proxy"].url + path, headers=stack["proxy"].headers("sk-day"), timeout=60,
+                   json={"model": "qwen-vl", "stream": stream, **body})
     assert r.status_code == 400, r.text
-    assert "limit is 2 images per request" in r.text
+    assert "visual-token limits" in r.text and "/v1/chat/completions only" in r.text and path in r.text
+    assert "vision.endpoint" in r.text
+    assert upstream_count(stack["plain"]) == sent
