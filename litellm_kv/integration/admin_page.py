@@ -75,7 +75,7 @@ def form_fields() -> dict[str, list[dict[str, Any]]]:
     """Per section, each field the page edits: its name, kind (integer, boolean, choice) and choices."""
     out: dict[str, list[dict[str, Any]]] = {}
     for section, (fields, _, _) in SECTIONS.items():
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in fields:
             if name in _BOOLEANS:
                 rows.append({"name": name, "kind": "boolean"})

@@ -212,7 +212,7 @@ def test_page_lists_a_keys_limits_usage_and_refusals(stack: dict[str, Any], traf
         page.screenshot(path=str(SHOTS / "admin-page-key.png"), full_page=True)
 
         _show(page, "team", stack["team_id"])
-        assert page.inner_text("#owner-title") == "team 'research'"
+        expect(page.locator("#owner-title")).to_have_text("team 'research'")
         assert page.input_value("#f-reasoning-tokens_per_week") == "1000"
         assert _usage_row(page, "reasoning", "week", "team 'research'")[3] == f"{traffic['reasoning']:,}"
 

@@ -110,6 +110,7 @@ async function lookUp(kind, id) {
   const msg = $("owner-message");
   msg.hidden = true;
   if (!id) return;
+  $("owner").hidden = true; // shown again with the answer, never with another owner's data
   const res = await call(ownerQuery(kind, id));
   if (!res.ok) {
     $("owner").hidden = true;
@@ -323,7 +324,11 @@ function renderFleet(f) {
       el("dt", {}, "Routing decisions"), el("dd", { dataset: { stat: "decisions" } }, pairs(g.decisions)),
       el("dt", {}, "Load-only fallbacks"), el("dd", { dataset: { stat: "fallbacks" } }, pairs(g.fallbacks)));
     const rows = (g.replicas || []).map((r) => {
-      const sub = r.subscriber || {};
+      const ranks = (r.subscriber && r.subscriber.ranks) || [];
+      const connected = ranks.filter((k) => k.connected).length;
+      const events = !ranks.length ? (f.mode === "shared" ? "via indexer" : "—")
+        : (connected === ranks.length ? "connected" : connected + " of " + ranks.length + " connected")
+          + " · seq " + ranks.map((k) => k.last_seq).join(", ") + (ranks.some((k) => k.gaps) ? " · gaps " + ranks.reduce((a, k) => a + k.gaps, 0) : "");
       return el("tr", {},
         el("td", {}, r.replica),
         el("td", {}, el("span", { class: "badge " + (r.ready ? "ok" : "bad") }, r.ready ? "ready" : "not ready")),
@@ -331,7 +336,7 @@ function renderFleet(f) {
         el("td", {}, r.hash_algo || "—"),
         el("td", { class: "num" }, num(r.running) + " / " + num(r.waiting)),
         el("td", { class: "num" }, r.kv_usage === null || r.kv_usage === undefined ? "—" : pct(r.kv_usage)),
-        el("td", {}, sub.connected === undefined ? (f.mode === "shared" ? "indexer" : "—") : (sub.connected ? "connected" : "disconnected")),
+        el("td", {}, events),
         el("td", { class: "message" }, r.not_exact || r.error || ""));
     });
     const table = el("table", { class: "replicas" },
