@@ -1,4 +1,5 @@
-"""Generated reference pages: ``docs/configuration.md`` and ``docs/metrics.md``.
+"""Generated reference pages: ``docs/configuration.md``, ``docs/metrics.md`` and the JSON Schema of key
+and team metadata, ``docs/key-metadata.schema.json``.
 
 The configuration reference is built from the code, never written by hand: every dataclass in
 the package whose fields carry ``metadata["doc"]`` (see :func:`litellm_kv.config.doc`) is a
@@ -466,6 +467,14 @@ PAGES: dict[str, tuple[str, Any]] = {
     "docs/configuration.md": ("# Configuration reference\n", render_configuration),
     "docs/metrics.md": ("# Metrics reference\n", render_metrics),
 }
+#: Whole generated files (no hand-written part): the JSON Schema of the ``litellm_kv`` key/team metadata.
+SCHEMA_FILE = "docs/key-metadata.schema.json"
+
+
+def render_metadata_schema() -> str:
+    from litellm_kv.governance.metadata import metadata_json_schema
+
+    return json.dumps(metadata_json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
 def splice(current: str | None, title: str, generated: str) -> str:
@@ -487,6 +496,9 @@ def outdated(root: Path = ROOT, pages: Iterable[str] = PAGES) -> list[str]:
         current = path.read_text() if path.exists() else None
         if current is None or splice(current, title, render()) != current:
             stale.append(rel)
+    schema = root / SCHEMA_FILE
+    if not schema.exists() or schema.read_text() != render_metadata_schema():
+        stale.append(SCHEMA_FILE)
     return stale
 
 
@@ -500,6 +512,11 @@ def write(root: Path = ROOT, pages: Iterable[str] = PAGES) -> list[str]:
         if new != current:
             path.write_text(new)
             written.append(rel)
+    schema = root / SCHEMA_FILE
+    text = render_metadata_schema()
+    if not schema.exists() or schema.read_text() != text:
+        schema.write_text(text)
+        written.append(SCHEMA_FILE)
     return written
 
 

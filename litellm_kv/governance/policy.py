@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from litellm_kv.errors import ConfigError, MetadataError
 from litellm_kv.governance.budgets import Period
@@ -40,6 +40,22 @@ class Limit(Generic[T]):
 
     value: T
     source: str
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One field of a feature section (``reasoning``, ``vision``) as key/team metadata may set it.
+
+    The feature modules declare their fields with it; :meth:`PolicyLayer.read` checks a value against it
+    and :mod:`litellm_kv.governance.metadata` publishes the JSON Schema from it, so the check at save
+    time, the check on the request path and the schema an admin reads are one definition.
+    """
+
+    name: str
+    kind: Literal["integer", "boolean", "choice"]
+    description: str
+    minimum: int = 0
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +122,14 @@ class PolicyLayer:
             raise self.error(name, "must be a JSON object", v)
         return PolicyLayer(self.source, f"{self.path}.{name}", v, self.from_metadata)
 
+    def read(self, spec: FieldSpec) -> Limit[Any] | None:
+        """The field ``spec`` describes, checked as its kind says (the typed readers above)."""
+        if spec.kind == "integer":
+            return self.int_field(spec.name, minimum=spec.minimum)
+        if spec.kind == "boolean":
+            return self.bool_field(spec.name)
+        return self.choice_field(spec.name, spec.choices)
+
     def check_known(self, known: Iterable[str]) -> None:
         """Reject unknown fields: a typo must not silently disable a limit."""
         allowed = set(known)
@@ -133,7 +157,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "…"
 
 
-def _as_mapping(value: Any, *, where: str, path: str) -> Mapping[str, Any]:
+def read_object(value: Any, *, where: str, path: str) -> Mapping[str, Any]:
     """A dict, or a JSON string holding an object (the admin UI stores what the admin typed)."""
     if value is None:
         return {}
@@ -171,8 +195,8 @@ def read_kv_settings(
     labels the owner in errors (``Caller.key_label`` / ``Caller.team_label``). Raises
     :class:`MetadataError` (400) naming ``where`` and the field when either is not a JSON object.
     """
-    md = _as_mapping(metadata, where=where, path="metadata")
-    return _as_mapping(md.get(metadata_key), where=where, path=f"metadata.{metadata_key}")
+    md = read_object(metadata, where=where, path="metadata")
+    return read_object(md.get(metadata_key), where=where, path=f"metadata.{metadata_key}")
 
 
 def metadata_layer(
@@ -185,7 +209,7 @@ def metadata_layer(
     """The ``feature`` section (``"reasoning"``, ``"vision"``) of one key's or team's metadata."""
     kv = read_kv_settings(metadata, metadata_key=metadata_key, where=where)
     path = f"metadata.{metadata_key}.{feature}"
-    return PolicyLayer(where, path, _as_mapping(kv.get(feature), where=where, path=path), True)
+    return PolicyLayer(where, path, read_object(kv.get(feature), where=where, path=path), True)
 
 
 def config_layer(values: Mapping[str, Any] | None, *, group: str, feature: str) -> PolicyLayer:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from litellm_kv.config import doc
 from litellm_kv.governance.budgets import Period
 from litellm_kv.governance.policy import (
+    FieldSpec,
     Limit,
     PeriodLimit,
     PolicyLayer,
@@ -44,17 +45,23 @@ Style = Literal["vllm", "openai", "anthropic"]
 OverMax = Literal["clamp", "reject"]
 OVER_MAX_ORDER: tuple[str, ...] = ("clamp", "reject")  # loosest → strictest
 
-#: Fields of the policy object (key, team or config layer).
-POLICY_FIELDS = (
-    "allowed",
-    "default_budget",
-    "max_budget",
-    "over_max",
-    "tokens_per_day",
-    "tokens_per_week",
-    "tokens_per_month",
-    "show_reasoning",
+#: Fields of the policy object (key, team or config layer): what each accepts and means.
+POLICY_SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec("allowed", "boolean", "May the caller think at all (default true)."),
+    FieldSpec("default_budget", "integer", "Thinking budget (tokens) when the caller asks for none; the most "
+              "specific of key, team and config wins."),
+    FieldSpec("max_budget", "integer", "Maximum thinking tokens per request (the smallest of key, team and "
+              "config applies)."),
+    FieldSpec("over_max", "choice", "Asked for more than max_budget: 'clamp' (lower it, say so in a response "
+              "header; default) or 'reject' (400).", choices=OVER_MAX_ORDER),
+    FieldSpec("tokens_per_day", "integer", "Reasoning tokens per UTC day (key metadata: the key; team "
+              "metadata: the whole team). Spent: 429 with Retry-After."),
+    FieldSpec("tokens_per_week", "integer", "Reasoning tokens per UTC week, from Monday 00:00."),
+    FieldSpec("tokens_per_month", "integer", "Reasoning tokens per UTC month, from the 1st 00:00."),
+    FieldSpec("show_reasoning", "boolean", "May the caller see reasoning_content (default true)."),
 )
+POLICY_FIELDS = tuple(spec.name for spec in POLICY_SPECS)
+_SPEC = {spec.name: spec for spec in POLICY_SPECS}
 PERIOD_FIELDS: dict[Period, str] = {
     Period.DAY: "tokens_per_day",
     Period.WEEK: "tokens_per_week",
@@ -185,11 +192,11 @@ def resolve_policy(
         lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
     periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
     return ReasoningPolicy(
-        allowed=strictest_bool(*(lay.bool_field("allowed") for lay in layers)),
-        default_budget=first_set(*(lay.int_field("default_budget") for lay in layers)),
-        max_budget=strictest_min(*(lay.int_field("max_budget") for lay in layers)),
-        over_max=strictest_choice(OVER_MAX_ORDER, *(lay.choice_field("over_max", OVER_MAX_ORDER) for lay in layers)),
-        show_reasoning=strictest_bool(*(lay.bool_field("show_reasoning") for lay in layers)),
+        allowed=strictest_bool(*(lay.read(_SPEC["allowed"]) for lay in layers)),
+        default_budget=first_set(*(lay.read(_SPEC["default_budget"]) for lay in layers)),
+        max_budget=strictest_min(*(lay.read(_SPEC["max_budget"]) for lay in layers)),
+        over_max=strictest_choice(OVER_MAX_ORDER, *(lay.read(_SPEC["over_max"]) for lay in layers)),
+        show_reasoning=strictest_bool(*(lay.read(_SPEC["show_reasoning"]) for lay in layers)),
         periods=tuple(periods),
     )
 

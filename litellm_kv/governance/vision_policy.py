@@ -16,6 +16,7 @@ from litellm_kv.errors import PolicyViolation
 from litellm_kv.governance.budgets import Period
 from litellm_kv.governance.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, ImageError
 from litellm_kv.governance.policy import (
+    FieldSpec,
     Limit,
     PeriodLimit,
     PolicyLayer,
@@ -25,20 +26,24 @@ from litellm_kv.governance.policy import (
 )
 from litellm_kv.governance.vision import ENGINE_RESIZABLE, FAMILIES, QWEN_GRIDS, max_visual_tokens, visual_tokens
 
+OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
 #: Fields of the policy object (key metadata, team metadata, or the group's config section).
-POLICY_FIELDS = (
-    "max_images_per_request",
-    "max_visual_tokens_per_request",
-    "max_pixels_per_image",
-    "tokens_per_day",
-    "tokens_per_week",
-    "tokens_per_month",
-    "over_limit",
+POLICY_SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec("max_images_per_request", "integer", "Images per request; more → 400 (never downscaled)."),
+    FieldSpec("max_visual_tokens_per_request", "integer", "Counted visual tokens of one request."),
+    FieldSpec("max_pixels_per_image", "integer", "Width × height of each image.", minimum=1),
+    FieldSpec("tokens_per_day", "integer", "Visual tokens per UTC day (key metadata: the key; team "
+              "metadata: the whole team). Spent: 429 with Retry-After."),
+    FieldSpec("tokens_per_week", "integer", "Visual tokens per UTC week, from Monday 00:00."),
+    FieldSpec("tokens_per_month", "integer", "Visual tokens per UTC month, from the 1st 00:00."),
+    FieldSpec("over_limit", "choice", "Over a token or pixel limit: 'reject' (400; default) or 'downscale' "
+              "(lower max_pixels until the images fit).", choices=OVER_LIMIT_ORDER),
 )
+POLICY_FIELDS = tuple(spec.name for spec in POLICY_SPECS)
+_SPEC = {spec.name: spec for spec in POLICY_SPECS}
 PERIOD_FIELDS: dict[Period, str] = {
     Period.DAY: "tokens_per_day", Period.WEEK: "tokens_per_week", Period.MONTH: "tokens_per_month",
 }
-OVER_LIMIT_ORDER: tuple[str, ...] = ("downscale", "reject")  # loosest → strictest
 
 
 @dataclass(slots=True)
@@ -125,12 +130,10 @@ def resolve_policy(
         lay.check_known(POLICY_FIELDS + (GROUP_FIELDS if not lay.from_metadata else ()))
     periods = period_limits(key, team, config, PERIOD_FIELDS, key_scope=key_scope, team_scope=team_scope)
     return VisionPolicy(
-        max_images=strictest_min(*(lay.int_field("max_images_per_request") for lay in layers)),
-        max_tokens=strictest_min(*(lay.int_field("max_visual_tokens_per_request") for lay in layers)),
-        max_pixels=strictest_min(*(lay.int_field("max_pixels_per_image", minimum=1) for lay in layers)),
-        over_limit=strictest_choice(
-            OVER_LIMIT_ORDER, *(lay.choice_field("over_limit", OVER_LIMIT_ORDER) for lay in layers)
-        ),
+        max_images=strictest_min(*(lay.read(_SPEC["max_images_per_request"]) for lay in layers)),
+        max_tokens=strictest_min(*(lay.read(_SPEC["max_visual_tokens_per_request"]) for lay in layers)),
+        max_pixels=strictest_min(*(lay.read(_SPEC["max_pixels_per_image"]) for lay in layers)),
+        over_limit=strictest_choice(OVER_LIMIT_ORDER, *(lay.read(_SPEC["over_limit"]) for lay in layers)),
         periods=tuple(periods),
     )
 

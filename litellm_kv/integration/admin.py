@@ -7,11 +7,15 @@
   decision and the predicted cached tokens per replica, without sending anything upstream.
 * ``GET /litellm-kv/metrics`` — litellm-kv's Prometheus metrics (also on LiteLLM's ``/metrics``
   when the ``prometheus`` callback is on).
+* ``GET /litellm-kv/metadata-schema`` — the JSON Schema of the ``litellm_kv`` object of key and team
+  metadata (any valid key may read it).
 * ``GET /litellm-kv/ui`` — the admin page (:mod:`litellm_kv.integration.admin_page`): a static page with no
   data in it, which reads ``/litellm-kv/admin/owner``, ``/check`` and ``/fleet`` with the admin's credentials.
 
-All but the page's static files need a proxy admin key (``Authorization: Bearer <master key>`` or an admin
-virtual key, such as the one LiteLLM's admin UI signs in with).
+The others (all but the schema and the page's static files) need a proxy admin key (``Authorization: Bearer
+<master key>`` or an admin virtual key, such as the one LiteLLM's admin UI signs in with).
+Registering the routes also puts :mod:`litellm_kv.integration.metadata_gate` in front of the app, so
+key and team writes with malformed litellm-kv metadata are refused before LiteLLM stores them.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations, and as
@@ -21,7 +25,9 @@ import logging
 from typing import Any, Protocol
 
 from litellm_kv.config import Settings
+from litellm_kv.governance.metadata import metadata_json_schema
 from litellm_kv.integration.hooks import Handler
+from litellm_kv.integration.metadata_gate import install as install_metadata_gate
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.redis_client import guard_status
 
@@ -98,8 +104,15 @@ def register(callback: HandlerSet | Handler) -> None:
         _admin(auth)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
+    @router.get("/metadata-schema")
+    async def metadata_schema(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        # Not a secret, but like LiteLLM's own /team/metadata_schema it answers authenticated callers only.
+        return metadata_json_schema(callback.settings.metadata_key)
+
     _page_routes(router, callback, _admin)
     app.include_router(router)
+    # Every write of key or team metadata is checked before LiteLLM stores it (see metadata_gate).
+    install_metadata_gate(app, lambda: callback.settings.metadata_key)
     _registered = True
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError
-from litellm_kv.governance import reasoning, vision_policy
+from litellm_kv.governance import metadata, reasoning, vision_policy
 from litellm_kv.governance.budgets import Period, PeriodBudgets
 from litellm_kv.governance.policy import (
     PeriodLimit,
@@ -47,15 +47,12 @@ from litellm_kv.integration.hooks import Caller, Handler
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.redis_client import guard_status
 
-#: Feature sections an owner's ``litellm_kv`` object may hold: their limit fields, period fields and meter.
-SECTIONS: dict[str, tuple[tuple[str, ...], Mapping[Period, str], str]] = {
-    "reasoning": (reasoning.POLICY_FIELDS, reasoning.PERIOD_FIELDS, "reasoning_tokens"),
-    "vision": (vision_policy.POLICY_FIELDS, vision_policy.PERIOD_FIELDS, "visual_tokens"),
+#: Feature sections an owner's ``litellm_kv`` object may hold: their period fields and meter (the fields
+#: themselves are :data:`litellm_kv.governance.metadata.SECTIONS`).
+SECTIONS: dict[str, tuple[Mapping[Period, str], str]] = {
+    "reasoning": (reasoning.PERIOD_FIELDS, "reasoning_tokens"),
+    "vision": (vision_policy.PERIOD_FIELDS, "visual_tokens"),
 }
-
-#: How the page's form shows each field (anything not named here is a whole number of tokens, images or pixels).
-_BOOLEANS = {"allowed", "show_reasoning"}
-_CHOICES = {"over_max": reasoning.OVER_MAX_ORDER, "over_limit": vision_policy.OVER_LIMIT_ORDER}
 
 #: Refusals listed per owner.
 REFUSALS_SHOWN = 50
@@ -72,65 +69,21 @@ def static_file(name: str) -> str:
 
 # -- the form's fields --------------------------------------------------------------------------------
 def form_fields() -> dict[str, list[dict[str, Any]]]:
-    """Per section, each field the page edits: its name, kind (integer, boolean, choice) and choices."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for section, (fields, _, _) in SECTIONS.items():
-        rows: list[dict[str, Any]] = []
-        for name in fields:
-            if name in _BOOLEANS:
-                rows.append({"name": name, "kind": "boolean"})
-            elif name in _CHOICES:
-                rows.append({"name": name, "kind": "choice", "choices": list(_CHOICES[name])})
-            else:
-                rows.append({"name": name, "kind": "integer"})
-        out[section] = rows
-    return out
+    """Per section, each field the page edits, from the same declarations the save-time check and the JSON
+    Schema use: its name, kind (integer, boolean, choice), choices, minimum and description."""
+    return {
+        section: [{"name": spec.name, "kind": spec.kind, "choices": list(spec.choices), "minimum": spec.minimum,
+                   "description": spec.description} for spec in specs]
+        for section, specs in metadata.SECTIONS.items()
+    }
 
 
 # -- checking settings before they are saved -----------------------------------------------------------
 def field_errors(kv: Any, *, where: str, metadata_key: str) -> list[dict[str, Any]]:
-    """Every problem of one ``litellm_kv`` object, each naming its field (``[]``: it would be accepted).
-
-    Each section is read by the same readers the request path uses (the section's ``resolve_policy``), one
-    field at a time, so every bad field is reported, not only the first.
-    """
-    base = f"metadata.{metadata_key}"
-    try:
-        obj = read_kv_settings({metadata_key: kv}, metadata_key=metadata_key, where=where)
-    except MetadataError as exc:
-        return [_error_json(exc.limit_name, exc.message, exc.value)]
-    errors: list[dict[str, Any]] = []
-    for name, section in obj.items():
-        path = f"{base}.{name}"
-        if name not in SECTIONS:
-            errors.append(_error_json(path, f"{where}: {path} is not a known section (known: {sorted(SECTIONS)})",
-                                      section))
-            continue
-        try:
-            whole = metadata_layer({metadata_key: {name: section}}, name, where=where, metadata_key=metadata_key)
-        except MetadataError as exc:
-            errors.append(_error_json(exc.limit_name, exc.message, exc.value))
-            continue
-        for field_name, value in whole.values.items():
-            one = PolicyLayer(where, path, {field_name: value}, True)
-            try:
-                _resolve(name, one)
-            except MetadataError as exc:
-                errors.append(_error_json(exc.limit_name, exc.message, exc.value))
-    return errors
-
-
-def _resolve(section: str, layer: PolicyLayer) -> None:
-    empty = config_layer({}, group="-", feature=section)
-    if section == "reasoning":
-        reasoning.resolve_policy(layer, None, empty, key_scope="key:-", team_scope=None)
-    else:
-        vision_policy.resolve_policy(layer, None, empty, key_scope="key:-", team_scope=None)
-
-
-def _error_json(path: str, message: str, value: Any) -> dict[str, Any]:
-    shown = value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)[:200]
-    return {"field": path, "message": message, "value": shown}
+    """Every problem of one ``litellm_kv`` object, each naming its field (``[]``: it would be accepted): the
+    save-time check of ``/key/update`` and ``/team/update`` (:func:`litellm_kv.governance.metadata
+    .validate_kv_settings`), asked before the page writes anything."""
+    return [e.to_json() for e in metadata.validate_kv_settings(kv, metadata_key=metadata_key, where=where)]
 
 
 # -- one key's or team's view ----------------------------------------------------------------------------
@@ -234,9 +187,8 @@ async def owner_view(settings: Settings, handlers: Mapping[str, Handler | None],
     """Everything the page shows about one key or team (JSON-ready)."""
     mk = settings.metadata_key
     caller = owner.caller
-    stored, unreadable = _stored_object(owner.metadata(), where=owner.label, metadata_key=mk)
-    errors = ([{"field": f"metadata.{mk}", "message": unreadable, "value": None}] if unreadable
-              else field_errors(stored, where=owner.label, metadata_key=mk))
+    stored, _ = _stored_object(owner.metadata(), where=owner.label, metadata_key=mk)
+    errors = [e.to_json() for e in metadata.validate_metadata(owner.metadata(), metadata_key=mk, where=owner.label)]
     team: dict[str, Any] | None = None
     if owner.kind == "key" and caller.team_id:
         team_stored, team_unreadable = _stored_object(caller.team_metadata, where=caller.team_label, metadata_key=mk)
@@ -244,7 +196,7 @@ async def owner_view(settings: Settings, handlers: Mapping[str, Handler | None],
                 "problem": team_unreadable}
     now = datetime.now(timezone.utc)
     usage: list[dict[str, Any]] = []
-    for section, (_, period_fields, meter) in SECTIONS.items():
+    for section, (period_fields, meter) in SECTIONS.items():
         budgets = getattr(handlers.get(section), "budgets", None)
         usage.extend(await _usage(budgets, meter, section, _limits(settings, owner, section, period_fields), now))
     shown = (refusals.latest(key_hash=caller.key_hash, limit=REFUSALS_SHOWN) if owner.kind == "key"

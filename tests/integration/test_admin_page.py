@@ -1,7 +1,7 @@
 """The admin page (``/litellm-kv/ui``) in a real headless Chromium, on LiteLLM's real database path.
 
-A real ``litellm`` proxy on a real PostgreSQL (``tools/harness/litellm_db.py``; Prisma's engine is the shared
-stand-in, everything else is LiteLLM's own): the team and keys are created with ``/team/new`` and
+A real ``litellm`` proxy on a real PostgreSQL (``tools/harness/database.py``; Prisma's engine is the
+``tools/litellm_db`` stand-in, everything else is LiteLLM's own): the team and keys are created with ``/team/new`` and
 ``/key/generate``, requests are real, edits go through LiteLLM's ``/key/update``. The upstream is the local fake
 (``tests/support/fake_upstream.py``) standing in for a reasoning and vision model: no engine is needed to
 count reasoning and visual tokens against budgets. The fleet half of the page runs against real vLLM
@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,11 +25,11 @@ from playwright.sync_api import expect
 
 from tests.support.browser import chromium
 from tests.support.fake_upstream import start_fake_upstream
-from tools.harness.litellm_db import start_database, start_db_proxy, tools_dir
-from tools.harness.procs import ARTIFACTS
+from tools.harness.database import Postgres, start_db_proxy, unavailable
+from tools.harness.procs import ARTIFACTS, ROOT
 from tools.harness.proxy import MASTER_KEY, Proxy
 
-pytestmark = [pytest.mark.proxy, pytest.mark.db]
+pytestmark = [pytest.mark.proxy, pytest.mark.litellm_db]
 
 IMAGE_TOKENS = 64
 SHOTS = ARTIFACTS / "admin-page"
@@ -48,12 +49,15 @@ def _png() -> str:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[dict[str, Any]]:
-    if tools_dir() is None:
-        pytest.skip("LiteLLM's database path needs shared/tools/litellm-db beside the repository")
+    if unavailable() is not None:  # set up once per machine and venv (idempotent)
+        subprocess.run(["bash", str(ROOT / "tools" / "litellm_db" / "setup.sh"), str(ROOT / ".venv")], check=False,
+                       timeout=600, capture_output=True)
+    why = unavailable()
+    assert why is None, f"LiteLLM's database path cannot run here: {why}"
     fake, url = start_fake_upstream("admin-page-up", "--reasoning-words", "20", "--report-reasoning-tokens",
                                     "--count-reasoning-in-completion", "--image-tokens-each", str(IMAGE_TOKENS),
                                     "--mm-tokens-format", "dict", "--image-prompt-tokens", str(IMAGE_TOKENS))
-    db = start_database()
+    db = Postgres()
     config = {
         "model_list": [
             {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/fake-model", "api_base": url + "/v1"}},

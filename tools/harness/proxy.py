@@ -64,6 +64,7 @@ def start_proxy(
     env: Mapping[str, str] | None = None,
     port: int | None = None,
     timeout: float = 120.0,
+    workers: int = 1,
 ) -> Proxy:
     """Write ``config`` to a temp file and start ``litellm --config`` on 127.0.0.1.
 
@@ -98,7 +99,7 @@ def start_proxy(
         proc = ManagedProcess(
             name,
             [litellm_bin(), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port),
-             "--num_workers", "1"],
+             "--num_workers", str(workers)],
             env=run_env,
             cwd=str(tmp),
         )

@@ -166,7 +166,7 @@ function renderOwner(v) {
       input.dataset.kind = f.kind;
       const teamValue = teamOwn[f.name];
       fs.append(el("div", { class: "field" },
-        el("label", { for: id }, f.name),
+        el("label", { for: id, title: f.description || "" }, f.name),
         input,
         el("span", { class: "hint" }, teamValue !== undefined && teamValue !== null ? "team: " + JSON.stringify(teamValue) : ""),
         el("span", { class: "field-error", role: "alert", dataset: { errorFor: fieldKey(section, f.name) } })));

@@ -1,0 +1,108 @@
+"""LiteLLM on a real PostgreSQL, for tests of the admin's path (keys and teams in LiteLLM's database, rows of
+``LiteLLM_SpendLogs``).
+
+Prisma's native query engine is downloaded by LiteLLM at start-up from a host these machines cannot reach;
+``tools/litellm_db/`` (see its README) stands in for that one binary with Prisma's own WebAssembly build of the
+same engine, so LiteLLM, prisma-client-py and PostgreSQL are the real ones. ``scripts/setup.sh`` installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tools.harness.procs import ROOT, free_port
+from tools.harness.proxy import Proxy, start_proxy
+
+TOOL = ROOT / "tools" / "litellm_db"
+DB_HOME = Path(os.environ.get("LITELLM_DB_HOME", Path.home() / ".cache" / "litellm-db"))
+
+
+def unavailable() -> str | None:
+    """Why the database path cannot run on this machine (``None``: it can)."""
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        return "PostgreSQL is not installed (scripts/setup.sh installs it)"
+    if shutil.which("psql") is None or shutil.which("node") is None:
+        return "psql or node missing (scripts/setup.sh installs them)"
+    if not (DB_HOME / "node_modules" / "@prisma" / "query-engine-wasm").is_dir():
+        return f"the query-engine stand-in is not set up in {DB_HOME} (scripts/setup.sh)"
+    venv = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv"))
+    if not (venv / ".litellm-db-generated").exists():
+        return "prisma generate has not run for this venv (scripts/setup.sh)"
+    return None
+
+
+def db_env() -> dict[str, str]:
+    """What ``tools/litellm_db/env.sh`` exports: prisma-client-py pointed at the stand-in."""
+    return {
+        "PRISMA_QUERY_ENGINE_BINARY": str(DB_HOME / "query-engine.mjs"),
+        "PRISMA_SCHEMA_ENGINE_BINARY": str(DB_HOME / "schema-engine"),
+        "PRISMA_ENGINES_CHECKSUM_IGNORE_MISSING": "1",
+        "PRISMA_HIDE_UPDATE_MESSAGE": "1",
+        "DISABLE_SCHEMA_UPDATE": "true",
+    }
+
+
+class Postgres:
+    """A throwaway PostgreSQL with LiteLLM's schema applied: ``url``, ``query(sql)``, ``stop()``."""
+
+    def __init__(self) -> None:
+        self.run_dir = Path(tempfile.mkdtemp(prefix="litellm-kv-pg-"))
+        port = free_port()
+        out = subprocess.run(["bash", str(TOOL / "pg.sh"), "start", str(self.run_dir), str(port)],
+                             capture_output=True, text=True, timeout=120, check=False)
+        line = next((x for x in out.stdout.splitlines() if x.startswith("DATABASE_URL=")), None)
+        if out.returncode != 0 or line is None:
+            raise RuntimeError(f"postgres did not start: {out.stdout[-2000:]} {out.stderr[-2000:]}")
+        self.url = line.removeprefix("DATABASE_URL=")
+        venv = os.environ.get("VIRTUAL_ENV", str(ROOT / ".venv"))
+        mig = subprocess.run(["bash", str(TOOL / "migrate.sh"), venv, self.url],
+                             capture_output=True, text=True, timeout=600, check=False)
+        if mig.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"LiteLLM's migrations failed: {mig.stdout[-2000:]} {mig.stderr[-2000:]}")
+
+    def query(self, sql: str) -> list[Any]:
+        """Rows of one statement, each the JSON value of its single column (write ``SELECT row_to_json(...)``
+        or ``SELECT json_agg(...)`` style queries)."""
+        out = subprocess.run(["psql", self.url, "-tAc", sql], capture_output=True, text=True, timeout=30, check=True)
+        return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(TOOL / "pg.sh"), "stop", str(self.run_dir)], timeout=30, check=False)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def start_db_proxy(
+    config: Mapping[str, Any], db: Postgres, *, name: str = "litellm-db", env: Mapping[str, str] | None = None,
+    workers: int = 1, timeout: float = 180.0,
+) -> Proxy:
+    """``litellm --config`` with ``DATABASE_URL``: keys and teams live in ``db``; returns once LiteLLM
+    reports the database connected."""
+    cfg = json.loads(json.dumps(config))
+    cfg.setdefault("general_settings", {})["database_url"] = db.url
+    run_env = {**db_env(), "DATABASE_URL": db.url, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
+    proxy = start_proxy(cfg, name=name, env=run_env, timeout=timeout, workers=workers)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(proxy.url + "/health/readiness", timeout=5)
+            if r.status_code == 200 and r.json().get("db") == "connected":
+                return proxy
+        except (httpx.HTTPError, ValueError):
+            pass
+        if not proxy.proc.alive():
+            break
+        time.sleep(0.3)
+    tail = proxy.proc.log_tail()
+    proxy.stop()
+    raise RuntimeError(f"{name}: the database never connected\n{tail}")
