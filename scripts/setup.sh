@@ -15,6 +15,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 # gcc + OpenSSL headers: the compiled block-hash chain (litellm_kv/vllm/_chain.c; optional, pure Python without).
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
+# chromium: the admin page's browser tests (Playwright drives Debian's build; its own cannot be downloaded).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} (apt)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
