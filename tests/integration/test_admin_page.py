@@ -71,7 +71,7 @@ def stack() -> Iterator[dict[str, Any]]:
     }
     proxy = None
     try:
-        proxy = start_db_proxy(config, db, name="litellm-admin-page")
+        proxy = start_db_proxy(config, db, name="litellm-admin-page", timeout=480)  # 2 shared cores: slow starts
         team = _admin(proxy, "/team/new", {"team_alias": "research", "metadata": {
             "litellm_kv": {"reasoning": {"tokens_per_week": 1000}}}})
         key = _admin(proxy, "/key/generate", {"key_alias": "bot-a", "team_id": team["team_id"], "metadata": {
