@@ -17,6 +17,10 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
 # chromium: the admin page's browser tests (Playwright drives Debian's build; its own cannot be downloaded).
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# PostgreSQL, node and npm: LiteLLM on a real database for the tests marked litellm_db (tools/litellm_db).
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]} (apt)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
@@ -34,6 +38,11 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]
   .venv/bin/pip install -q --no-deps -e .
   echo "$want" > .venv/.stamp
 fi
+
+# LiteLLM's database path without Prisma's downloaded engine: Prisma's wasm query engine from npm, then
+# `prisma generate` for LiteLLM's schema in .venv (idempotent; see tools/litellm_db/README.md).
+log "litellm-db (PostgreSQL test path)"
+bash tools/litellm_db/setup.sh .venv >&2
 
 # Engine side: the real vLLM CPU build, kept apart from LiteLLM (their pins differ).
 want=$(stamp_of requirements/engine.txt)

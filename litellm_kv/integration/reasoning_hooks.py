@@ -40,7 +40,7 @@ from litellm_kv.governance.reasoning import (
     resolve_policy,
     strip_client_reasoning,
 )
-from litellm_kv.integration import litellm_data
+from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
 from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
@@ -337,8 +337,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             return tok.count(text), "tokenizer"
         return estimate_tokens(text), "estimate"
 
-    async def _settle(
-        self, targets: list[dict[str, Any]], decision: ReasoningDecision, group: str, usage: Any, text: str
+    def _settle(
+        self, targets: list[Mapping[str, Any]], decision: ReasoningDecision, group: str, usage: Any, text: str
     ) -> None:
         """Write reasoning tokens into ``usage``, charge the period budgets, record the breakdown."""
         reported = reported_reasoning_tokens(usage)
@@ -383,7 +383,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             HIDDEN.labels(group).inc()
         usage = litellm_data.usage_of(response)
         if usage is not None:
-            await self._settle([request_data], decision, group, usage, text)
+            self._settle([request_data], decision, group, usage, text)
 
     async def post_success(self, data: dict[str, Any], response: Any) -> None:
         kept = self._reasoned(data)
@@ -392,11 +392,36 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             for c in litellm_data.choices_of(response):
                 _hide_reasoning(litellm_data.field(c, "message"))
 
+    async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
+        """Settle the stream when LiteLLM records its usage chunk (:mod:`~litellm_kv.integration.stream_usage`):
+        then the reasoning tokens are in the usage LiteLLM prices and the breakdown is in the metadata its
+        spend-log row is built from, which the success callbacks (:meth:`log_success`) run too late for."""
+        kept = self._reasoned(data)
+        call_id = litellm_data.call_id(data) or ""
+        if kept is None or not call_id:
+            return
+        group, decision = kept.model_group, kept.decision
+        tally = self._streams.setdefault(call_id, _StreamTally())
+        self._forget_stale_streams()
+        targets: list[Mapping[str, Any]] = [data]
+
+        def on_usage(usage: Any, chunk: Any) -> None:
+            if tally.done:
+                return
+            tally.done = True
+            # The usage chunk may carry the last delta too; the stream hook sees it only after this.
+            last = "".join(_reasoning_text(litellm_data.field(c, "delta")) for c in litellm_data.choices_of(chunk))
+            self._settle(targets, decision, group, usage, "".join(tally.text) + last)
+
+        details = stream_usage.watch(stream, on_usage)
+        if details:
+            targets.append(details)
+
     async def stream_chunk(self, data: dict[str, Any], chunk: Any) -> None:
-        """Tally streamed reasoning (before hiding it) for :meth:`log_success`.
+        """Tally streamed reasoning (before hiding it) for the settlement at the usage chunk.
 
         LiteLLM 1.110 passes only a stream's *final* chunk to the deployment-level streaming hook and
-        keeps the usage chunk to itself, so streams are measured here and settled after the call.
+        keeps the usage chunk to itself, so streams are measured here.
         """
         kept = self._reasoned(data)
         if kept is None:
@@ -410,13 +435,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         for c in litellm_data.choices_of(chunk):
             delta = litellm_data.field(c, "delta")
             text = _reasoning_text(delta)
-            if text and tally is not None:
+            if text and tally is not None and not tally.done:
                 tally.text.append(text)
             if not decision.show_reasoning and _hide_reasoning(delta):
                 HIDDEN.labels(kept.model_group).inc()
 
     async def log_success(self, kwargs: dict[str, Any], response: Any) -> None:
-        """Streams: charge budgets and record the breakdown once the whole stream was logged."""
+        """Streams whose usage chunk was never seen (no usage from the provider): charge budgets and record
+        the breakdown once the whole stream was logged. The spend-log row may already be written then."""
         if not kwargs.get("stream"):
             return
         kept = self._reasoned(kwargs)
@@ -425,12 +451,14 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         group, decision = kept.model_group, kept.decision
         call_id = litellm_data.call_id(kwargs) or ""
         tally = self._streams.pop(call_id, None)
+        if tally is not None and tally.done:
+            return
         usage = litellm_data.usage_of(response)
         text = "".join(tally.text) if tally is not None else "".join(
             _reasoning_text(litellm_data.field(c, "message")) for c in litellm_data.choices_of(response)
         )
-        targets = litellm_data.logged_call_targets(kwargs)
-        await self._settle(targets, decision, group, usage if usage is not None else {}, text)
+        targets: list[Mapping[str, Any]] = list(litellm_data.logged_call_targets(kwargs))
+        self._settle(targets, decision, group, usage if usage is not None else {}, text)
 
     async def log_failure(self, kwargs: dict[str, Any], response: Any) -> None:
         """The call failed: give its holds back (a retry that succeeds still charges what it used)."""

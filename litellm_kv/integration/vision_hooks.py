@@ -49,7 +49,7 @@ from litellm_kv.governance.vision_policy import (
     resolve_policy,
     take_processor_kwargs,
 )
-from litellm_kv.integration import litellm_data
+from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
 from litellm_kv.integration.governance import GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
@@ -488,31 +488,20 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     async def stream_start(self, data: dict[str, Any], stream: Any) -> None:
         """Patch the usage chunk LiteLLM records for pricing (no hook sees it: LiteLLM strips it first)."""
         decision = self._decision_of(data)
-        # The proxy hands a boundary object that delegates to LiteLLM's CustomStreamWrapper (``_source``).
-        for _ in range(4):
-            try:  # its own attribute, not a delegated one
-                stream = object.__getattribute__(stream, "_source")
-            except AttributeError:
-                break
-        chunks = getattr(stream, "chunks", None)
-        if decision is None or not isinstance(chunks, list):
+        if decision is None:
             return
-        logging_obj = getattr(stream, "logging_obj", None)
-        details = getattr(logging_obj, "model_call_details", None)
         targets: list[Mapping[str, Any]] = [data]
-        if isinstance(details, Mapping):
-            targets.append(details)
-        call_id = litellm_data.call_id(data) or litellm_data.call_id(details or {}) or str(id(data))
+        call_id = litellm_data.call_id(data) or str(id(data))
 
-        def on_usage(usage: Any) -> None:
+        def on_usage(usage: Any, chunk: Any) -> None:
             if not self._first_settle(call_id):
                 return
             tokens = self._apply(targets, decision, usage)
             self._charge(decision, tokens)  # off the stream's path (the list append cannot await)
 
-        watch = _UsageWatch(chunks, on_usage)
-        for holder in [stream, *_inner_wrappers(stream, chunks)]:
-            holder.chunks = watch
+        details = stream_usage.watch(stream, on_usage)
+        if details:
+            targets.append(details)
 
     async def stream_chunk_deployment(self, request_data: dict[str, Any], chunk: Any) -> None:
         # Providers whose usage chunk does reach the deployment hook (LiteLLM keeps it when the
@@ -524,36 +513,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         call_id = litellm_data.call_id(request_data) or str(id(request_data))
         if self._first_settle(call_id):
             self._charge(decision, self._apply([request_data], decision, usage))
-
-
-def _inner_wrappers(stream: Any, chunks: list[Any]) -> list[Any]:
-    """LiteLLM's router wraps the provider's stream wrapper and shares its ``chunks`` list; the inner
-    wrapper (the one that records the usage chunk) is only reachable through the generator's frame."""
-    frame = getattr(getattr(stream, "__dict__", {}).get("_async_generator"), "ag_frame", None)
-    if frame is None:
-        return []
-    found = []
-    for value in frame.f_locals.values():
-        if value is not stream and getattr(value, "__dict__", {}).get("chunks") is chunks:
-            found.append(value)
-    return found
-
-
-class _UsageWatch(list):  # type: ignore[type-arg]
-    """The stream wrapper's recorded chunks: calls ``on_usage`` with the usage chunk as it is recorded."""
-
-    def __init__(self, items: list[Any], on_usage: Any) -> None:
-        super().__init__(items)
-        self._on_usage = on_usage
-
-    def append(self, item: Any) -> None:
-        usage = getattr(item, "usage", None)
-        if usage is not None and int(litellm_data.field(usage, "prompt_tokens") or 0):
-            try:
-                self._on_usage(usage)
-            except Exception:  # never break the stream over billing
-                log.exception("litellm-kv: could not write visual tokens into a stream's usage")
-        super().append(item)
 
 
 def _engine_image_tokens(usage: Any) -> int | None:
