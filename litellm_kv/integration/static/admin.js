@@ -289,7 +289,8 @@ async function save(event) {
   }
   const kind = current.kind, id = current.id;
   await lookUp(kind, id);
-  setStatus("Saved. New requests on this proxy use it at once; other proxies once LiteLLM's key cache refreshes.", "ok");
+  setStatus("Saved. This proxy process applies it from the next request; other workers and proxies at once with "
+    + "general_settings.coordination_redis, else within user_api_key_cache_ttl (60 s).", "ok");
 }
 
 // A save-time refusal from LiteLLM names the field in its message: put it beside that field.
