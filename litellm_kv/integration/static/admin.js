@@ -329,7 +329,7 @@ function renderFleet(f) {
       const connected = ranks.filter((k) => k.connected).length;
       const events = !ranks.length ? (f.mode === "shared" ? "via indexer" : "—")
         : (connected === ranks.length ? "connected" : connected + " of " + ranks.length + " connected")
-          + " · seq " + ranks.map((k) => k.last_seq).join(", ") + (ranks.some((k) => k.gaps) ? " · gaps " + ranks.reduce((a, k) => a + k.gaps, 0) : "");
+          + " · " + (ranks.every((k) => k.last_seq < 0) ? "no batch yet" : "seq " + ranks.map((k) => k.last_seq).join(", ")) + (ranks.some((k) => k.gaps) ? " · gaps " + ranks.reduce((a, k) => a + k.gaps, 0) : "");
       return el("tr", {},
         el("td", {}, r.replica),
         el("td", {}, el("span", { class: "badge " + (r.ready ? "ok" : "bad") }, r.ready ? "ready" : "not ready")),
