@@ -15,6 +15,8 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 # gcc + OpenSSL headers: the compiled block-hash chain (litellm_kv/vllm/_chain.c; optional, pure Python without).
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
+# chromium: the admin page's browser tests (Playwright drives Debian's build; its own cannot be downloaded).
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 # PostgreSQL, node and npm: LiteLLM on a real database for the tests marked litellm_db (tools/litellm_db).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)

@@ -9,8 +9,11 @@
   when the ``prometheus`` callback is on).
 * ``GET /litellm-kv/metadata-schema`` — the JSON Schema of the ``litellm_kv`` object of key and team
   metadata (any valid key may read it).
+* ``GET /litellm-kv/ui`` — the admin page (:mod:`litellm_kv.integration.admin_page`): a static page with no
+  data in it, which reads ``/litellm-kv/admin/owner``, ``/check`` and ``/fleet`` with the admin's credentials.
 
-The others need a proxy admin key (``Authorization: Bearer <master key>`` or an admin virtual key).
+The others (all but the schema and the page's static files) need a proxy admin key (``Authorization: Bearer
+<master key>`` or an admin virtual key, such as the one LiteLLM's admin UI signs in with).
 Registering the routes also puts :mod:`litellm_kv.integration.metadata_gate` in front of the app, so
 key and team writes with malformed litellm-kv metadata are refused before LiteLLM stores them.
 """
@@ -25,6 +28,7 @@ from litellm_kv.config import Settings
 from litellm_kv.governance.metadata import metadata_json_schema
 from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.metadata_gate import install as install_metadata_gate
+from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.redis_client import guard_status
 
 log = logging.getLogger("litellm_kv")
@@ -39,6 +43,9 @@ class HandlerSet(Protocol):
 
     @property
     def settings(self) -> Settings: ...
+
+    @property
+    def refusals(self) -> RecentRefusals: ...
 
     def handler(self, name: str) -> Handler | None: ...
 
@@ -102,7 +109,94 @@ def register(callback: HandlerSet | Handler) -> None:
         # Not a secret, but like LiteLLM's own /team/metadata_schema it answers authenticated callers only.
         return metadata_json_schema(callback.settings.metadata_key)
 
+    _page_routes(router, callback, _admin)
     app.include_router(router)
     # Every write of key or team metadata is checked before LiteLLM stores it (see metadata_gate).
     install_metadata_gate(app, lambda: callback.settings.metadata_key)
     _registered = True
+
+
+#: Headers of the page's files: nothing from elsewhere runs in it, nobody frames it, nothing is cached.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def _page_routes(router: Any, callback: HandlerSet, admin: Any) -> None:
+    """The admin page's static files and its JSON routes (``litellm_kv.integration.admin_page``)."""
+    from fastapi import Depends, HTTPException, Request, Response
+    from fastapi.responses import JSONResponse
+    from litellm.proxy._types import UserAPIKeyAuth
+    from litellm.proxy.auth.user_api_key_auth import user_api_key_auth
+
+    from litellm_kv.integration import admin_page, litellm_data
+
+    def _file(name: str, media_type: str) -> Response:
+        return Response(admin_page.static_file(name), media_type=media_type, headers=_PAGE_HEADERS)
+
+    @router.get("/ui", include_in_schema=False)
+    async def page() -> Response:
+        return _file("admin.html", "text/html; charset=utf-8")
+
+    @router.get("/ui.js", include_in_schema=False)
+    async def page_js() -> Response:
+        return _file("admin.js", "text/javascript; charset=utf-8")
+
+    @router.get("/ui.css", include_in_schema=False)
+    async def page_css() -> Response:
+        return _file("admin.css", "text/css; charset=utf-8")
+
+    def _handlers() -> dict[str, Handler | None]:
+        return {name: callback.handler(name) for name in admin_page.SECTIONS}
+
+    @router.get("/admin/owner")
+    async def owner(key: str = "", team_id: str = "",
+                    auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> Response:
+        admin(auth)
+        await callback.ensure_started()
+        if bool(key.strip()) == bool(team_id.strip()):
+            raise HTTPException(status_code=400, detail="give either key (the key or its Key ID) or team_id")
+        try:
+            if key.strip():
+                found = await litellm_data.stored_key(key.strip())
+                kind = "key"
+            else:
+                found = await litellm_data.stored_team(team_id.strip())
+                kind = "team"
+        except litellm_data.NoDatabase:
+            return JSONResponse(status_code=503, content={
+                "error": "no_database",
+                "message": "This proxy has no database (DATABASE_URL), so LiteLLM stores no keys or teams: there is "
+                "nothing to look up or edit here. Keys presented by custom_auth carry their metadata with each "
+                "request; set their limits where that auth reads them.",
+            })
+        if found is None:
+            raise HTTPException(status_code=404, detail=f"no {kind} {key.strip() or team_id.strip()!r} in the database")
+        view = await admin_page.owner_view(callback.settings, _handlers(), callback.refusals,
+                                           admin_page.Owner(kind, found))
+        return JSONResponse(view)
+
+    @router.post("/admin/check")
+    async def check(request: Request, auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        admin(auth)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(status_code=400, detail="the body must be JSON") from None
+        if not isinstance(body, dict):
+            raise HTTPException(status_code=400, detail="the body must be a JSON object")
+        kind = "team" if body.get("kind") == "team" else "key"
+        label = str(body.get("label") or f"{kind} {str(body.get('id') or '')[:12]}").strip()
+        errors = admin_page.field_errors(body.get("litellm_kv"), where=label,
+                                         metadata_key=callback.settings.metadata_key)
+        return {"errors": errors}
+
+    @router.get("/admin/fleet")
+    async def fleet(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+        admin(auth)
+        await callback.ensure_started()
+        return admin_page.fleet_view(callback.handler("kv"), callback.handler("affinity"))

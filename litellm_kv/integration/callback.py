@@ -33,7 +33,8 @@ from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.call_records import CallRecords
 from litellm_kv.integration.governance import GroupNames
-from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
+from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.observability import counter, histogram
 
 log = logging.getLogger("litellm_kv")
@@ -85,6 +86,8 @@ class LiteLLMKV(CustomLogger):
         super().__init__()
         self._settings = settings
         self.records = CallRecords()
+        #: The last requests refused here (the admin page lists a key's or team's).
+        self.refusals = RecentRefusals()
         self._handlers = handlers
         if handlers is not None:
             self._share_records(handlers)
@@ -153,10 +156,14 @@ class LiteLLMKV(CustomLogger):
         INTERNAL_ERRORS.labels(h.name, hook).inc()
         log.exception("litellm-kv: %s.%s failed; continuing without it", h.name, hook)
 
-    @staticmethod
-    def _refusal(exc: PolicyViolation) -> ProxyException:
+    def _refusal(self, exc: PolicyViolation, caller: Caller, model: str) -> ProxyException:
         REJECTIONS.labels(exc.limit_name or "unknown", str(exc.status_code)).inc()
         log.info("litellm-kv: rejected (%s): %s", exc.limit_name, exc.message)
+        self.refusals.add(
+            key_hash=caller.key_hash, key_label=caller.key_label, team_id=caller.team_id,
+            team_label=caller.team_label if caller.team_id else None, model=model,
+            limit=exc.limit_name or "unknown", status=exc.status_code, message=exc.message,
+        )
         return ProxyException(
             message=exc.message,
             type="litellm_kv_limit" if exc.status_code != 400 else "invalid_request_error",
@@ -175,7 +182,7 @@ class LiteLLMKV(CustomLogger):
             # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
             model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id)
         except PolicyViolation as exc:
-            raise self._refusal(exc) from None
+            raise self._refusal(exc, caller, litellm_data.model_group(data)) from None
         group = self.settings.group(model_group)
         acting = [h for h in self.handlers if h.enabled_for(group)]
         # Only a call some handler acts on can have records (an ungoverned call's body stays as sent).
@@ -194,7 +201,7 @@ class LiteLLMKV(CustomLogger):
                 try:
                     await h.pre_call(req)
                 except PolicyViolation as exc:
-                    raise self._refusal(exc) from None
+                    raise self._refusal(exc, caller, model_group) from None
                 except Exception as exc:
                     if not h.fails_closed:
                         self._contain(h, "pre_call")
@@ -205,7 +212,7 @@ class LiteLLMKV(CustomLogger):
                         500, f"The {h.name} limits of model '{model_group}' could not be applied to this request "
                         f"({type(exc).__name__}), so it was refused rather than sent without them; the proxy log "
                         "has the details.", limit_name=f"{h.name}.internal_error", source="litellm-kv",
-                    )) from None
+                    ), caller, model_group) from None
         except BaseException:
             # Refused, failed or cancelled (the client went away): the call will not run, so what an
             # earlier handler reserved for it (a vision hold before reasoning refuses) is given back now.

@@ -17,7 +17,7 @@ from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration import litellm_data
-from litellm_kv.integration.hooks import Handler, ProxyRequest
+from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import DeploymentTarget
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.tasks import spawn_held
@@ -293,7 +293,7 @@ class GovernanceHandler(Handler, Generic[G]):
         """
         caller = req.caller
         mk = self.settings.metadata_key
-        team_scope = f"team:{caller.team_id}" if caller.team_id else None
+        team_scope = team_budget_scope(caller.team_id) if caller.team_id else None
         key = metadata_layer(caller.key_metadata, self.section, where=caller.key_label, metadata_key=mk)
         team = None
         if caller.team_id:
@@ -306,5 +306,14 @@ class GovernanceHandler(Handler, Generic[G]):
 
     @staticmethod
     def key_scope(req: ProxyRequest) -> str:
-        caller = req.caller
-        return f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
+        return key_budget_scope(req.caller)
+
+
+def key_budget_scope(caller: Caller) -> str:
+    """The period-budget scope a key's own budgets are kept under (by its hash; the admin page reads it too)."""
+    return f"key:{caller.key_hash or caller.key_alias or 'anonymous'}"
+
+
+def team_budget_scope(team_id: str) -> str:
+    """The period-budget scope a team's budgets are kept under (shared by all its keys)."""
+    return f"team:{team_id}"

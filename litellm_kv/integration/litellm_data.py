@@ -60,6 +60,61 @@ def caller_role(metadata: Mapping[str, Any] | None) -> str | None:
     return str(getattr(role, "value", role))
 
 
+class NoDatabase(Exception):
+    """The proxy has no database (``DATABASE_URL``): LiteLLM stores no keys or teams to read or edit."""
+
+
+def _hashed(key: str) -> str:
+    """The token LiteLLM stores for a key: its hash (``sk-...`` is hashed, a stored hash stays as is)."""
+    from litellm.proxy.utils import hash_token
+
+    return str(hash_token(key)) if key.startswith("sk-") else key
+
+
+async def stored_key(key: str) -> Caller | None:
+    """A virtual key and its team as LiteLLM's database holds them now (not its key cache): ``key`` is the
+    key itself (``sk-...``) or its hash (the admin UI's "Key ID"). ``None`` when no such key exists; raises
+    :class:`NoDatabase` without a database."""
+    from litellm.proxy import proxy_server
+    from litellm.proxy.auth.auth_checks import get_key_object
+
+    prisma = getattr(proxy_server, "prisma_client", None)
+    if prisma is None:
+        raise NoDatabase()
+    try:
+        auth = await get_key_object(_hashed(key), prisma, proxy_server.user_api_key_cache, check_db_only=True)
+    except Exception as exc:
+        if getattr(exc, "code", None) in (401, "401") or getattr(exc, "status_code", None) in (401, 404):
+            return None
+        raise
+    caller = caller_from_auth(auth)
+    if caller.team_id:
+        team = await stored_team(caller.team_id)
+        if team is not None:
+            caller = Caller(caller.key_hash, caller.key_alias, team.team_id, team.team_alias, caller.key_metadata,
+                            team.team_metadata)
+    return caller
+
+
+async def stored_team(team_id: str) -> Caller | None:
+    """A team as LiteLLM's database holds it now (``key_*`` fields empty); ``None`` when there is no such team;
+    raises :class:`NoDatabase` without a database."""
+    from litellm.proxy import proxy_server
+    from litellm.proxy.auth.auth_checks import get_team_object
+
+    prisma = getattr(proxy_server, "prisma_client", None)
+    if prisma is None:
+        raise NoDatabase()
+    try:
+        team = await get_team_object(team_id, prisma, proxy_server.user_api_key_cache, check_db_only=True)
+    except Exception as exc:
+        if getattr(exc, "status_code", None) == 404 or type(exc).__name__ == "TeamNotFoundError":
+            return None
+        raise
+    return Caller(team_id=str(team.team_id), team_alias=getattr(team, "team_alias", None),
+                  team_metadata=getattr(team, "metadata", None) or {})
+
+
 # -- which request ----------------------------------------------------------------------------------
 def model_group(data: Mapping[str, Any]) -> str:
     """The model name a proxy request sends (its ``model`` field): the client's choice, which may be a

@@ -1,0 +1,26 @@
+"""A real headless Chromium for page tests: Playwright driving Debian's ``chromium`` (``scripts/setup.sh``
+installs it; Playwright's own browser builds cannot be downloaded here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+CHROMIUM = os.environ.get("LITELLM_KV_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A started browser (``playwright.sync_api.Browser``), closed on exit."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
