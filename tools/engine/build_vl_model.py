@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build_model  # noqa: E402  (the text model's tokenizer is the base of this one)
+import build_model  # the text model's tokenizer is the base of this one
 
 # Bump when anything below changes the produced files.
-VERSION = "tiny-qwen2_5_vl-v1"
+VERSION = "tiny-qwen2_5_vl-v2"
 MARKER = build_model.MARKER
 DEFAULT_OUT = build_model.ROOT / ".artifacts" / "tiny-vl-model"
 SEED = 4321
@@ -50,7 +50,8 @@ MAX_PIXELS = 28 * 28 * 16384
 CHAT_TEMPLATE = r"""{%- macro render(content) %}
 {%- if content is string %}{{- content }}
 {%- elif content %}{%- for part in content %}
-{%- if part.type == 'image' or part.type == 'image_url' or 'image' in part or 'image_url' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- set is_image = part.type in ('image', 'image_url') or 'image' in part or 'image_url' in part %}
+{%- if is_image %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
 {%- elif part.type == 'video' or 'video' in part %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}
 {%- elif part.type == 'text' %}{{- part.text }}
 {%- endif %}
