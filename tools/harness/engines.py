@@ -34,12 +34,14 @@ from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 BUILD = ROOT / "tools" / "engine" / "build_model.py"
 BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
+BUILD_VL = ROOT / "tools" / "engine" / "build_vl_model.py"
 SERVE = ROOT / "tools" / "engine" / "serve.py"
 MODEL_DIR = ARTIFACTS / "tiny-model"
 # The TTFT testbed's model (``build_model.py --variant ttft``): the tiny network with a 16K context.
 TTFT_MODEL_DIR = ARTIFACTS / "ttft-model"
 MODEL_DIRS = {"tiny": MODEL_DIR, "ttft": TTFT_MODEL_DIR}
 LORA_DIR = ARTIFACTS / "tiny-lora"
+VL_MODEL_DIR = ARTIFACTS / "tiny-vl-model"
 SERVED_NAME = "tiny"
 START_TIMEOUT_S = 180.0
 
@@ -53,6 +55,19 @@ def ensure_model(out: Path = MODEL_DIR, variant: str = "tiny") -> Path:
     with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run([str(ENGINE_PY), str(BUILD), "--variant", variant, "--out", str(out)], check=True,
+                       capture_output=True, timeout=300)
+    return out
+
+
+def ensure_vl_model(out: Path = VL_MODEL_DIR) -> Path:
+    """Build the tiny Qwen2.5-VL model once (``tools/engine/build_vl_model.py``; same lock as the model).
+    vLLM 0.32.0 cannot serve it here yet (no CPU torchvision; see docs/hashing.md)."""
+    if not ENGINE_PY.exists():
+        raise RuntimeError(f"{ENGINE_PY} is missing: create the engine venv first (see README)")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / ".tiny-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([str(ENGINE_PY), str(BUILD_VL), "--out", str(out)], check=True,
                        capture_output=True, timeout=300)
     return out
 
