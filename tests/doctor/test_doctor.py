@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.demo import KV_GROUP, proxy_config
 from tools.harness.engines import EngineReplica, start_replicas, stop_replicas
 from tools.harness.indexer import running_indexer
 from tools.harness.procs import ROOT
 from tools.harness.redis_server import RedisServer
+from tools.harness.testbed import KV as KV_GROUP
+from tools.harness.testbed import proxy_config as demo_config
 
 pytestmark = [pytest.mark.engine]
 
@@ -35,6 +36,13 @@ def _doctor(config: dict[str, Any], tmp_path: Path, *extra: str) -> tuple[int, d
                           capture_output=True, text=True, timeout=300, cwd=str(ROOT), env=env)
     assert proc.stdout, f"no JSON on stdout; stderr:\n{proc.stderr}"
     return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def proxy_config(replicas: list[EngineReplica], model_dir: str) -> dict[str, Any]:
+    """The demo's proxy config (its three groups) over ``replicas``, tokenizer from ``model_dir``."""
+    config = demo_config(replicas)
+    config["litellm_kv"]["model_groups"][KV_GROUP]["kv"]["tokenizer_path"] = model_dir
+    return config
 
 
 def _by(report: dict[str, Any], check: str, target_end: str = "") -> list[dict[str, Any]]:
@@ -73,7 +81,7 @@ def test_the_demo_fleet_is_all_green(engines: list[EngineReplica], engine_model:
     (tok,) = _by(report, "tokenizer", KV_GROUP)
     assert tok["status"] == "ok" and tok["detail"].startswith("local (verified"), tok
     # Progress is shown while it runs (one heading per replica, one line per check) and ends in a summary.
-    assert progress.count("== group tiny-kv, replica") == len(engines)
+    assert progress.count(f"== group {KV_GROUP}, replica") == len(engines)
     assert "all" in progress.splitlines()[-1] and "checks passed" in progress
 
 
