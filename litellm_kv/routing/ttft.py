@@ -173,8 +173,22 @@ class RateBook:
                                      self.cfg.decode_step_s, self.cfg.output_tokens)
 
     def rates(self, replica: str) -> ReplicaRates:
+        """The replica's rates once its engine has reported prefills; before that, the mean of its calibrated
+        peers' (the same model on the same kind of engine), else the defaults. A new replica then competes
+        on its queue, not on a prior sized for other hardware that would keep it idle and never calibrated."""
         lr = self._by.get(replica)
-        return lr.rates if lr is not None else self._default
+        own = lr.rates if lr is not None else self._default
+        if own.calibrated:
+            return own
+        peers = [x.rates for x in self._by.values() if x.rates.calibrated]
+        if not peers:
+            return own
+        n = len(peers)
+        return ReplicaRates(
+            sum(p.prefill_s_per_token for p in peers) / n, sum(p.prefill_overhead_s for p in peers) / n,
+            sum(p.decode_step_s for p in peers) / n, sum(p.output_tokens for p in peers) / n,
+            sum(p.correction for p in peers) / n,
+        )
 
     def _learner(self, replica: str) -> _Learner:
         lr = self._by.get(replica)

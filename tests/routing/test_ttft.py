@@ -182,3 +182,18 @@ def test_blocks_model_is_still_there() -> None:
     assert m.kind == "blocks" and _model().kind == "ttft"
     d = m.choose(4000, BS, [Candidate("hit", ReplicaMatch(gpu=200)), Candidate("cold")])
     assert d.replica == "hit" and d.ttft_s == {}
+
+
+def test_an_uncalibrated_replica_borrows_its_calibrated_peers_rates() -> None:
+    book = RateBook(TtftSettings())
+    assert book.rates("new") == book.rates("other")  # nobody calibrated: the defaults
+    base = EngineTimings()
+    book.observe_engine("warm", base)
+    book.observe_engine("warm", EngineTimings(prefill_count=10, prefill_tokens_sum=10_000, prefill_s_sum=2.0,
+                                              itl_s_sum=0.3, itl_count=100, output_tokens_sum=80, output_count=10))
+    warm = book.rates("warm")
+    assert warm.calibrated
+    new = book.rates("new")
+    assert not new.calibrated
+    assert (new.prefill_s_per_token, new.decode_step_s, new.output_tokens) == (
+        warm.prefill_s_per_token, warm.decode_step_s, warm.output_tokens)
