@@ -169,6 +169,9 @@ class RateBook:
         self.cfg = cfg or TtftSettings()
         self._clock = clock
         self._by: dict[str, _Learner] = {}
+        # Mean rates of the calibrated replicas (None: none yet), recomputed only when ``_peers_stale``.
+        self._peers: ReplicaRates | None = None
+        self._peers_stale = True
         self._default = ReplicaRates(self.cfg.prefill_s_per_token, self.cfg.prefill_overhead_s,
                                      self.cfg.decode_step_s, self.cfg.output_tokens)
 
@@ -180,9 +183,16 @@ class RateBook:
         own = lr.rates if lr is not None else self._default
         if own.calibrated:
             return own
+        if self._peers_stale:
+            self._peers, self._peers_stale = self._peer_mean(), False
+        return self._peers or own
+
+    def _peer_mean(self) -> ReplicaRates | None:
+        """The mean rates of the calibrated replicas, None without one; kept until a replica's rates change
+        or a replica leaves (``rates`` is called per candidate per decision)."""
         peers = [x.rates for x in self._by.values() if x.rates.calibrated]
         if not peers:
-            return own
+            return None
         n = len(peers)
         return ReplicaRates(
             sum(p.prefill_s_per_token for p in peers) / n, sum(p.prefill_overhead_s for p in peers) / n,
@@ -201,6 +211,7 @@ class RateBook:
         wanted = set(keep)
         for r in [r for r in self._by if r not in wanted]:
             del self._by[r]
+        self._peers_stale = True
 
     # -- engine figures ---------------------------------------------------------------------------------
     def observe_engine(self, replica: str, now: EngineTimings) -> None:
@@ -251,6 +262,7 @@ class RateBook:
         if lr.corr_w > 0 and lr.corr_pred > 0:
             corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
         lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.corr_w)
+        self._peers_stale = True
 
     # -- the proxy's own measurements ---------------------------------------------------------------
     def observe_ttft(self, replica: str, predicted_s: float, measured_s: float) -> None:
