@@ -82,6 +82,13 @@ class TtftSettings:
         "once the engine has reported more than this many prefills.",
         default=5.0,
     )
+    peer_prior_requests: float = doc(
+        "Weight of the group's pooled rates (the mean of its calibrated replicas') in each replica's own, in "
+        "requests' worth of that replica's engine data: replicas of one model with a few requests behind them "
+        "share one estimate instead of differing by the noise of those few, and a replica's own figures take "
+        "over as its data grows (a slower replica in the group then shows).",
+        default=50.0,
+    )
     half_life_requests: float = doc(
         "Engine observations halve in weight after this many more requests (the rates follow a replica "
         "whose speed changes).",
@@ -100,7 +107,7 @@ class TtftSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         for name in ("prefill_overhead_s", "work_weight", "decode_weight", "output_tokens", "recent_weight",
-                     "prior_requests"):
+                     "prior_requests", "peer_prior_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.chunk_tokens <= 0:
@@ -169,23 +176,44 @@ class RateBook:
         self.cfg = cfg or TtftSettings()
         self._clock = clock
         self._by: dict[str, _Learner] = {}
-        # Mean rates of the calibrated replicas (None: none yet), recomputed only when ``_peers_stale``.
+        # Mean rates of the calibrated replicas (None: none yet) and each calibrated replica's rates shrunk
+        # toward them, recomputed only when ``_peers_stale``.
         self._peers: ReplicaRates | None = None
+        self._pooled: dict[str, ReplicaRates] = {}
         self._peers_stale = True
         self._default = ReplicaRates(self.cfg.prefill_s_per_token, self.cfg.prefill_overhead_s,
                                      self.cfg.decode_step_s, self.cfg.output_tokens)
 
     def rates(self, replica: str) -> ReplicaRates:
-        """The replica's rates once its engine has reported prefills; before that, the mean of its calibrated
-        peers' (the same model on the same kind of engine), else the defaults. A new replica then competes
-        on its queue, not on a prior sized for other hardware that would keep it idle and never calibrated."""
+        """The rates the cost model uses for a replica. Once its engine has reported prefills: its own fit,
+        shrunk toward the mean of the group's calibrated replicas with the weight of ``peer_prior_requests``
+        requests (identical replicas with little data behind them would otherwise differ by noise, and that
+        noise, not their queues or caches, would choose). Before that: its calibrated peers' mean (the same
+        model on the same kind of engine), else the defaults. A new replica then competes on its queue, not
+        on a prior sized for other hardware that would keep it idle and never calibrated."""
+        if self._peers_stale:
+            self._peers, self._pooled, self._peers_stale = self._peer_mean(), {}, False
         lr = self._by.get(replica)
         own = lr.rates if lr is not None else self._default
-        if own.calibrated:
+        if not own.calibrated:
+            return self._peers or own
+        pooled = self._pooled.get(replica)
+        if pooled is None:
+            pooled = self._pooled[replica] = self._shrunk(own)
+        return pooled
+
+    def _shrunk(self, own: ReplicaRates) -> ReplicaRates:
+        peers, k = self._peers, self.cfg.peer_prior_requests
+        if peers is None or k <= 0:
             return own
-        if self._peers_stale:
-            self._peers, self._peers_stale = self._peer_mean(), False
-        return self._peers or own
+        w = own.engine_prefills / (own.engine_prefills + k)
+
+        def mix(a: float, b: float) -> float:
+            return w * a + (1.0 - w) * b
+
+        return ReplicaRates(mix(own.prefill_s_per_token, peers.prefill_s_per_token), own.prefill_overhead_s,
+                            mix(own.decode_step_s, peers.decode_step_s), mix(own.output_tokens, peers.output_tokens),
+                            own.correction, own.engine_prefills, own.measured_ttfts)
 
     def _peer_mean(self) -> ReplicaRates | None:
         """The mean rates of the calibrated replicas, None without one; kept until a replica's rates change
@@ -280,8 +308,8 @@ class RateBook:
     def status(self) -> dict[str, dict[str, float | bool]]:
         """Per replica: the rates in use and how much data is behind them (for /litellm-kv/health)."""
         out: dict[str, dict[str, float | bool]] = {}
-        for r, lr in self._by.items():
-            x = lr.rates
+        for r in self._by:
+            x = self.rates(r)
             out[r] = {
                 "prefill_ms_per_1k_tokens": round(x.prefill_s_per_token * 1e6, 3),
                 "prefill_overhead_ms": round(x.prefill_overhead_s * 1e3, 3),

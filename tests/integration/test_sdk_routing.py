@@ -67,7 +67,7 @@ async def test_an_applications_router_follows_the_cache(engines: list[EngineRepl
                     homes[c] = base
                 else:
                     # The follow-up goes where its conversation's blocks are, and finds them there.
-                    assert base == homes[c], (turn, c, base, homes)
+                    assert base == homes[c], (turn, c, base, homes, kv.health()["groups"][GROUP])
                     assert cached > 0, (turn, c)
                 messages += [{"role": "assistant", "content": resp.choices[0].message.content or ""},
                              {"role": "user", "content": f"and then {turn}?"}]

@@ -197,3 +197,38 @@ def test_an_uncalibrated_replica_borrows_its_calibrated_peers_rates() -> None:
     assert not new.calibrated
     assert (new.prefill_s_per_token, new.decode_step_s, new.output_tokens) == (
         warm.prefill_s_per_token, warm.decode_step_s, warm.output_tokens)
+
+
+def _scraped(book: RateBook, replica: str, prefills: int, secs: float, tokens: int, itl_s: float, steps: int,
+             outputs: int) -> None:
+    book.observe_engine(replica, EngineTimings())
+    book.observe_engine(replica, EngineTimings(prefill_s_sum=secs, prefill_count=prefills, prefill_tokens_sum=tokens,
+                                               itl_s_sum=itl_s, itl_count=steps, output_tokens_sum=outputs * 4,
+                                               output_count=outputs))
+
+
+def test_replicas_with_little_data_share_the_groups_rates() -> None:
+    # Two replicas of one model, two small requests each: the noise of those few sets their own fits
+    # apart (3× in per-token rate, 2× in decode step), and that noise must not decide between them.
+    book = RateBook(TtftSettings())
+    _scraped(book, "a", 2, 0.010 + 2 * 0.005, 500, itl_s=0.012, steps=6, outputs=2)
+    _scraped(book, "b", 2, 0.030 + 2 * 0.005, 500, itl_s=0.024, steps=6, outputs=2)
+    a, b = book.rates("a"), book.rates("b")
+    assert a.calibrated and b.calibrated
+    assert b.prefill_s_per_token / a.prefill_s_per_token < 1.05
+    assert b.decode_step_s / a.decode_step_s < 1.05
+    # So an idle replica holding the conversation's blocks wins over the one whose few requests ran faster.
+    model = _model()
+    cands = [Candidate("b", ReplicaMatch(gpu=200 // BS), recent_prefill_tokens=400, rates=b),
+             Candidate("a", recent_prefill_tokens=400, rates=a)]
+    assert model.choose(250, BS, cands).replica == "b"
+
+
+def test_a_replica_with_enough_data_keeps_its_own_rates() -> None:
+    # The same two replicas after a thousand requests each: "b" really is slower, and its rates show it.
+    book = RateBook(TtftSettings())
+    _scraped(book, "a", 1000, 1000 * (0.005 + 0.01), 1_000_000, itl_s=3.0, steps=1000, outputs=1000)
+    _scraped(book, "b", 1000, 1000 * (0.005 + 0.03), 1_000_000, itl_s=6.0, steps=1000, outputs=1000)
+    a, b = book.rates("a"), book.rates("b")
+    assert b.prefill_s_per_token / a.prefill_s_per_token > 2.5
+    assert b.decode_step_s / a.decode_step_s > 1.8
