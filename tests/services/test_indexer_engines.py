@@ -478,13 +478,16 @@ def check_shared_exact(ixs: list[Indexer], engines: list[EngineReplica], seeds: 
     return compared
 
 
+@pytest.mark.slow
 def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: list[EngineReplica]) -> None:
     """``assignment: lease``: a second indexer takes its share of the two engines from the first by hand-over;
     SIGKILLed while the engines publish, its engine is followed again by the survivor within the lease TTL +
-    one renew interval + bring-up, and the index (replayed from the engine's buffer) matches both engines."""
+    one renew interval + bring-up, and the index (replayed from the engine's buffer) matches both engines.
+    A third one stopped cleanly hands its engine back faster than the TTL (it releases its leases)."""
     own = RedisServer(name="redis-indexer-lease")
     a = Indexer(own.url, engines, "indexer-lease-a", indexer_id="lease-a", **LEASE)
     b = Indexer(own.url, engines, "indexer-lease-b", indexer_id="lease-b", **LEASE)
+    c = Indexer(own.url, engines, "indexer-lease-c", indexer_id="lease-c", **LEASE)
     everyone = {replica_id(e.api_base) for e in engines}
     stop = threading.Event()
     sent: list[int] = []
@@ -536,10 +539,24 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
         taken = [r for r in h["replicas"] if r["replica"] in victim]
         # Caught up by replaying the engine's buffer from Redis's position, not by purging and re-learning.
         assert all(r["replays"] >= 1 and r["resyncs"] == 0 and r["events_applied"] > 0 for r in taken), taken
+
+        # A clean stop (SIGTERM) releases the leases: taken within a round, not after the TTL.
+        c.start()
+        assert c.proc is not None
+        c.proc.wait_until(lambda: len(followed(a)) == 1 and followed(a) | followed(c) == everyone, 30, "shares")
+        t_term = time.monotonic()
+        c.stop()
+        while followed(a) != everyone and time.monotonic() < t_term + 30:
+            time.sleep(0.05)
+        handed = time.monotonic() - t_term
+        assert followed(a) == everyone and handed < LEASE["lease_ttl_s"], (handed, a.health())
+        traffic(engines, range(706, 708))
+        n_after += check_shared_exact([a], engines, range(706, 708), own.url)
         print(f"\n[leases] second indexer took its share in {shared:.2f}s ({n_shared} probe comparisons exact); "
               f"SIGKILLed, its engine {sorted(victim)} re-covered by the survivor {recovered:.2f}s after the kill "
               f"(lease_ttl_s {LEASE['lease_ttl_s']}, lease_renew_interval_s {LEASE['lease_renew_interval_s']}); "
-              f"index exact against the engines after replay ({n_after} probe comparisons, "
+              f"a third stopped with SIGTERM: its engine re-covered {handed:.2f}s after the signal (incl. its "
+              f"shutdown); index exact against the engines after replay ({n_after} probe comparisons, "
               f"{len(sent)} conversations sent around the kill)")
     finally:
         stop.set()
@@ -547,4 +564,5 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
             t.join(60)
         a.stop()
         b.stop()
+        c.stop()
         own.stop()
