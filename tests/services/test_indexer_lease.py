@@ -16,9 +16,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import pytest
 from redis.crc import key_slot
 
+from litellm_kv.config import parse_section
 from litellm_kv.index.redis import group_key_prefix
 from litellm_kv.redis_client import RedisClient, RedisUse, connect
+from litellm_kv.services.indexer.config import IndexerSettings
 from litellm_kv.services.indexer.lease import LeaseRound, Leases
+from litellm_kv.services.indexer.service import Indexer
+from tools.harness.procs import free_port
 from tools.harness.redis_cluster import RedisClusterServers
 from tools.harness.redis_server import RedisServer
 
@@ -135,3 +139,50 @@ async def test_lease_rounds_keep_every_replica_covered_and_settle_to_the_share(
 def test_lease_keys_of_a_group_share_the_index_keys_cluster_slot() -> None:
     slots = {key_slot(k.encode()) for k in [*Leases.keys(GROUP), group_key_prefix(GROUP) + "blocks"]}
     assert len(slots) == 1
+
+
+# -- the indexer over its leases (in process; its replicas are addresses nothing listens on, so no streams
+# start: what is checked is which replicas each indexer holds and follows, as /health shows it) ------------
+
+
+def lease_settings(redis_url: str, name: str, replicas: list[str]) -> IndexerSettings:
+    return parse_section(IndexerSettings, {
+        "redis_url": redis_url, "assignment": "lease", "indexer_id": name, "lease_ttl_s": 1.0,
+        "lease_renew_interval_s": 0.2, "engine_timeout_s": 0.5, "discovery_interval_s": 60.0,
+        "model_groups": {"g": {"replicas": [{"api_base": r} for r in replicas]}},
+    }, "indexer")
+
+
+def held(ix: Indexer) -> set[str]:
+    return {r["replica"] for r in ix.health()["replicas"] if r["owned"]}
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_lease_indexers_keep_their_replicas_while_redis_is_down_and_settle_again_after() -> None:
+    server = RedisServer(name="redis-lease-outage")
+    replicas = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    a = Indexer(lease_settings(server.url, "a", replicas))
+    b = Indexer(lease_settings(server.url, "b", replicas))
+    try:
+        await a.start()
+        assert held(a) == set(replicas) and a.health()["assignment"]["owned"] == {"g": sorted(replicas)}
+        await b.start()
+        await until(lambda: len(held(a)) == 1 and held(a) | held(b) == set(replicas))
+        before = (held(a), held(b))
+        server.stop()
+        await asyncio.sleep(1.5)  # past the lease TTL: nobody can renew, and nobody stops following
+        assert (held(a), held(b)) == before
+        h = a.health()
+        assert h["status"] == "degraded" and h["assignment"]["lease_ok"] is False
+        server.start()  # without persistence: the lease table is gone
+        await until(lambda: a.lease_ok and b.lease_ok and len(held(a)) == 1 and held(a) | held(b) == set(replicas))
+    finally:
+        await a.stop()
+        await b.stop()
+        server.stop()
