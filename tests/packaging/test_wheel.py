@@ -83,6 +83,7 @@ def test_the_wheel_holds_the_package_and_its_metadata(dist: Path) -> None:
     assert all(n.startswith(("litellm_kv/", f"litellm_kv-{VERSION}.dist-info/")) for n in names), \
         sorted(n for n in names if not n.startswith("litellm_kv"))
     assert "litellm_kv/index/lua/" in "".join(names) and "litellm_kv/routing/affinity/lua/" in "".join(names)
+    assert "litellm_kv/services/indexer/lua/lease.lua" in names
     assert not [n for n in names if "docsgen" in n or n.startswith(("tools/", "tests/", "docs/"))]
     assert f"litellm_kv-{VERSION}.dist-info/licenses/LICENSE" in names
     assert "License-Expression: Apache-2.0" in meta and "Requires-Python: >=3.11" in meta

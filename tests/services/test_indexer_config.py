@@ -60,3 +60,31 @@ def test_docs_list_every_option_and_metric() -> None:
     for name in declared_metrics():
         if name.startswith("litellm_kv_indexer_"):
             assert name.removeprefix("litellm_kv_") in page, name
+
+
+LEASE_BASE = "redis_url: redis://127.0.0.1:6379/1\nmodel_groups:\n  g:\n    replicas: [{api_base: 'http://h:8000'}]\n"
+
+
+@pytest.mark.parametrize("extra,named", [
+    ("assignment: lease\nsplit_replicas: true\n", "split_replicas"),
+    ("assignment: lease\nlease_ttl_s: 3\nlease_renew_interval_s: 2\n", "lease_ttl_s"),
+    ("assignment: lease\nlease_renew_interval_s: 0\n", "lease_renew_interval_s"),
+    ("assignment: lease\nlease_ttl_s: 25\nheartbeat_ttl_s: 30\n", "heartbeat_ttl_s"),
+    ("assignment: lease\nindexer_id: 'a|b'\n", "indexer_id"),
+    ("assignment: leases\n", "assignment"),
+])
+def test_lease_assignment_rejects_settings_that_would_leave_replicas_unfollowed(
+    tmp_path: Path, extra: str, named: str
+) -> None:
+    p = tmp_path / "ix.yaml"
+    p.write_text(LEASE_BASE + extra)
+    with pytest.raises(ConfigError, match=named):
+        load_indexer_config(p)
+
+
+def test_lease_assignment_defaults_are_valid(tmp_path: Path) -> None:
+    p = tmp_path / "ix.yaml"
+    p.write_text(LEASE_BASE + "assignment: lease\n")
+    cfg = load_indexer_config(p)
+    assert cfg.assignment == "lease" and cfg.indexer_id is None
+    assert cfg.heartbeat_ttl_s > cfg.lease_ttl_s + cfg.lease_renew_interval_s + cfg.heartbeat_interval_s

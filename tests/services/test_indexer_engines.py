@@ -436,3 +436,133 @@ def test_replica_removed_from_config_is_purged(
     indexer.start()
     indexer.wait_healthy()
     check_exact(indexer, engines, range(400, 402))
+
+
+# -- leases (assignment: lease) --------------------------------------------------------------------
+
+LEASE = {"assignment": "lease", "lease_ttl_s": 3.0, "lease_renew_interval_s": 0.5}
+# Past the lease's expiry and the next round: reading the engine's facts, connecting, replaying its buffer.
+BRING_UP_S = 3.0
+
+
+def followed(ix: Indexer) -> set[str]:
+    """Replicas ``ix`` follows live: it holds their lease and every stream of theirs is connected."""
+    return {r["replica"] for r in ix.health()["replicas"] if r["owned"] and r["connected"]}
+
+
+def settle_owned(ix: Indexer, timeout: float = 10.0) -> None:
+    """:func:`settle` over the replicas whose lease ``ix`` holds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        now = [(r["last_seq"], r["connected"]) for r in ix.health()["replicas"] if r["owned"]]
+        if now == last and all(c for _, c in now):
+            return
+        last = now
+        time.sleep(0.4)
+
+
+def check_shared_exact(ixs: list[Indexer], engines: list[EngineReplica], seeds: range, redis_url: str) -> int:
+    """As a proxy reads Redis, predicted hits == each engine's cached_tokens, with several indexers feeding it."""
+    hasher = BlockHasher("sha256", 32)
+    compared = 0
+    for seed in seeds:
+        for ix in ixs:
+            settle_owned(ix)
+        msgs = conversation(seed)[-1]
+        view = asyncio.run(_reader_view(redis_url, hasher, tokenize(engines[0], msgs)))
+        for e in engines:
+            actual = chat(e, msgs)
+            assert view.get(replica_id(e.api_base), 0) == actual, (seed, e.name, view, actual)
+            compared += 1
+    return compared
+
+
+@pytest.mark.slow
+def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: list[EngineReplica]) -> None:
+    """``assignment: lease``: a second indexer takes its share of the two engines from the first by hand-over;
+    SIGKILLed while the engines publish, its engine is followed again by the survivor within the lease TTL +
+    one renew interval + bring-up, and the index (replayed from the engine's buffer) matches both engines.
+    A third one stopped cleanly hands its engine back faster than the TTL (it releases its leases)."""
+    own = RedisServer(name="redis-indexer-lease")
+    a = Indexer(own.url, engines, "indexer-lease-a", indexer_id="lease-a", **LEASE)
+    b = Indexer(own.url, engines, "indexer-lease-b", indexer_id="lease-b", **LEASE)
+    c = Indexer(own.url, engines, "indexer-lease-c", indexer_id="lease-c", **LEASE)
+    everyone = {replica_id(e.api_base) for e in engines}
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def background() -> None:
+        seed = 720
+        while not stop.is_set() and seed < 760:
+            traffic(engines, range(seed, seed + 1))
+            sent.append(seed)
+            seed += 1
+
+    t = threading.Thread(target=background, daemon=True)
+    try:
+        a.start()
+        a.wait_healthy()
+        assert followed(a) == everyone  # alone, it follows both
+        traffic(engines, range(700, 703))
+        b.start()
+        t_join = time.monotonic()
+        assert b.proc is not None
+        b.proc.wait_until(lambda: len(followed(a)) == 1 and followed(a) | followed(b) == everyone, 30, "shares")
+        shared = time.monotonic() - t_join
+        assert b.health()["assignment"]["owned"] == {GROUP: sorted(followed(b))}
+        traffic(engines, range(703, 706))
+        n_shared = check_shared_exact([a, b], engines, range(700, 706, 2), own.url)
+
+        t.start()
+        time.sleep(1.0)
+        victim = followed(b)
+        b.kill()  # SIGKILL (process group, by PID) while batches keep coming: no lease released
+        t_kill = time.monotonic()
+        deadline = t_kill + LEASE["lease_ttl_s"] + LEASE["lease_renew_interval_s"] + BRING_UP_S + 10
+        while followed(a) != everyone and time.monotonic() < deadline:
+            time.sleep(0.05)
+        recovered = time.monotonic() - t_kill
+        time.sleep(1.0)
+        stop.set()
+        t.join(60)
+        assert followed(a) == everyone, a.health()
+        bound = LEASE["lease_ttl_s"] + LEASE["lease_renew_interval_s"] + BRING_UP_S
+        assert recovered <= bound, f"re-covered after {recovered:.2f}s, over {bound}s"
+        takeovers = [line for line in httpx.get(a.url + "/metrics", timeout=5).text.splitlines()
+                     if line.startswith("litellm_kv_indexer_lease_claims_total{") and 'kind="takeover"' in line]
+        assert len(takeovers) == 1 and takeovers[0].endswith(f" {float(len(victim))}"), takeovers
+        assert sent and sent[-1] > sent[0], "no traffic around the kill"
+        n_after = check_shared_exact([a], engines, range(sent[0], sent[-1] + 1, max(1, len(sent) // 3)), own.url)
+        h = a.health()
+        assert h["status"] == "ok" and h["assignment"]["live_indexers"] == {GROUP: 1}, h
+        taken = [r for r in h["replicas"] if r["replica"] in victim]
+        # Caught up by replaying the engine's buffer from Redis's position, not by purging and re-learning.
+        assert all(r["replays"] >= 1 and r["resyncs"] == 0 and r["events_applied"] > 0 for r in taken), taken
+
+        # A clean stop (SIGTERM) releases the leases: taken within a round, not after the TTL.
+        c.start()
+        assert c.proc is not None
+        c.proc.wait_until(lambda: len(followed(a)) == 1 and followed(a) | followed(c) == everyone, 30, "shares")
+        t_term = time.monotonic()
+        c.stop()
+        while followed(a) != everyone and time.monotonic() < t_term + 30:
+            time.sleep(0.05)
+        handed = time.monotonic() - t_term
+        assert followed(a) == everyone and handed < LEASE["lease_ttl_s"], (handed, a.health())
+        traffic(engines, range(706, 708))
+        n_after += check_shared_exact([a], engines, range(706, 708), own.url)
+        print(f"\n[leases] second indexer took its share in {shared:.2f}s ({n_shared} probe comparisons exact); "
+              f"SIGKILLed, its engine {sorted(victim)} re-covered by the survivor {recovered:.2f}s after the kill "
+              f"(lease_ttl_s {LEASE['lease_ttl_s']}, lease_renew_interval_s {LEASE['lease_renew_interval_s']}); "
+              f"a third stopped with SIGTERM: its engine re-covered {handed:.2f}s after the signal (incl. its "
+              f"shutdown); index exact against the engines after replay ({n_after} probe comparisons, "
+              f"{len(sent)} conversations sent around the kill)")
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(60)
+        a.stop()
+        b.stop()
+        c.stop()
+        own.stop()

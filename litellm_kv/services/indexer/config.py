@@ -14,6 +14,7 @@ from litellm_kv.config import RedisSettings, doc, parse_with_env
 from litellm_kv.errors import ConfigError
 
 HashAlgo = typing.Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+Assignment = typing.Literal["static", "lease"]
 # A bearer token shorter than this could be guessed by a client that can reach the port.
 _MIN_TOKEN_CHARS = 16
 
@@ -100,6 +101,30 @@ class IndexerSettings:
         "each batch once).",
         default=False,
     )
+    assignment: Assignment = doc(
+        "How indexers share the replicas. static: this indexer follows every replica its config lists (with "
+        "split_replicas, configs list disjoint shares). lease: every indexer lists the same replicas and each "
+        "replica is followed by the one live indexer holding its lease in Redis; a dead indexer's replicas are "
+        "claimed by the others within lease_ttl_s + lease_renew_interval_s and replayed from the engines' "
+        "buffers, and each indexer holds at most ceil(replicas / live indexers) per group once the leases "
+        "have settled.",
+        default="static",
+    )
+    lease_ttl_s: float = doc(
+        "assignment: lease. A lease not renewed for this long (its indexer died or lost Redis) is free for "
+        "the others to claim. Keep it >= 3 x lease_renew_interval_s, so a late round or two does not lose it.",
+        default=10.0,
+    )
+    lease_renew_interval_s: float = doc(
+        "assignment: lease. How often the indexer renews its leases, claims free ones and hands over those "
+        "past its share (one Redis script per group).",
+        default=2.0,
+    )
+    indexer_id: str | None = doc(
+        "assignment: lease. This indexer's name in the lease table (at most 200 characters, no '|'); it must "
+        "differ between live indexers. None: <hostname>-<pid>-<random>, new at every start.",
+        default=None,
+    )
     host: str = doc(
         "Address of the indexer's HTTP API (/health, /replicas, /lookup, /metrics). Loopback by default; "
         "any other address needs an API token (api_token_env or api_token), or the indexer refuses to start.",
@@ -162,9 +187,29 @@ class IndexerSettings:
             raise ValueError("exactness_sample_rate must be within [0, 1]")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must exceed heartbeat_interval_s")
+        self._validate_assignment()
         for name, group in self.model_groups.items():
             if not group.replicas:
                 raise ValueError(f"model_groups.{name}: no replicas")
+
+    def _validate_assignment(self) -> None:
+        if self.assignment != "lease":
+            return
+        if self.split_replicas:
+            raise ValueError("split_replicas is static assignment: with assignment: lease every indexer lists "
+                             "every replica and the leases split them; set split_replicas: false")
+        if self.lease_renew_interval_s <= 0:
+            raise ValueError(f"lease_renew_interval_s is {self.lease_renew_interval_s}; it must be above 0")
+        if self.lease_ttl_s < 2 * self.lease_renew_interval_s:
+            raise ValueError(f"lease_ttl_s ({self.lease_ttl_s}) must be at least 2 x lease_renew_interval_s "
+                             f"({self.lease_renew_interval_s}), or one late round loses the leases")
+        takeover = self.lease_ttl_s + self.lease_renew_interval_s + self.heartbeat_interval_s
+        if self.heartbeat_ttl_s <= takeover:
+            raise ValueError(f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed lease_ttl_s + "
+                             f"lease_renew_interval_s + heartbeat_interval_s ({takeover:g}), or a dead indexer's "
+                             f"replicas expire from the index before another indexer takes them over")
+        if self.indexer_id is not None and not (0 < len(self.indexer_id) <= 200 and "|" not in self.indexer_id):
+            raise ValueError(f"indexer_id {self.indexer_id!r}: use 1 to 200 characters without '|'")
 
     def token(self) -> str | None:
         """The API's bearer token (``api_token``, else the variable ``api_token_env`` names), checked.

@@ -5,6 +5,12 @@ and its event endpoints from ``GET /kv_event_sources`` (or takes them from the c
 each data-parallel rank's stream (:mod:`litellm_kv.services.indexer.stream`), writes a heartbeat to Redis
 every ``heartbeat_interval_s`` and checks sampled ``BlockStored`` events for exactness. Any number
 of indexers may run for the same replicas: Redis applies each batch once.
+
+With ``assignment: lease`` it follows only the replicas whose lease it holds
+(:mod:`litellm_kv.services.indexer.lease`): a lease loop renews and claims them every
+``lease_renew_interval_s``, starting the streams of a replica it gains (they replay the engine's buffer from
+the position in Redis) and stopping those of one it hands over. Starting and stopping run in tasks of their
+own, so a slow engine never delays a renewal.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +30,7 @@ from litellm_kv.index.redis import RedisIndex
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.services.indexer.config import IndexerReplicaSettings, IndexerSettings
+from litellm_kv.services.indexer.lease import LeaseRound, Leases, default_indexer_id
 from litellm_kv.services.indexer.stream import EventStream
 from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.engine import EngineClient
@@ -43,6 +51,29 @@ PURGES = counter(
 )
 INDEX_ENTRIES = gauge("indexer_index_entries", "(replica, block) entries in Redis per group.", ["model_group"])
 REDIS_UP = gauge("indexer_redis_up", "1 when the last Redis call of the maintenance loop succeeded.")
+OWNED = gauge(
+    "indexer_lease_owned_replicas", "Replicas whose lease this indexer holds (assignment: lease).", ["model_group"]
+)
+LIVE_INDEXERS = gauge(
+    "indexer_lease_live_indexers", "Indexers of the group renewing leases, as this indexer's last round saw them.",
+    ["model_group"],
+)
+UNCOVERED = gauge(
+    "indexer_lease_uncovered_replicas",
+    "Replicas no live indexer held after this indexer's last round (the next round below its share claims them).",
+    ["model_group"],
+)
+CLAIMS = counter(
+    "indexer_lease_claims",
+    "Leases this indexer claimed, by kind: new (never held or released), takeover (expired: its indexer "
+    "stopped renewing), handoff (offered by an indexer over its share).",
+    ["model_group", "kind"],
+)
+DROPS = counter(
+    "indexer_lease_drops",
+    "Leases this indexer stopped holding: handed over to an indexer below its share, or taken after expiring.",
+    ["model_group"],
+)
 LOOKUP_SECONDS = histogram(
     "indexer_lookup_seconds", "POST /lookup latency (hashing + one Redis round trip).", ["model_group"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
@@ -66,12 +97,17 @@ class ReplicaRuntime:
     not_exact: str = ""
     checker: ExactnessChecker | None = None
     last_heartbeat: float = 0.0
+    owned: bool = True  # assignment: lease: this indexer holds the replica's lease (static: always)
+    owner: str | None = None  # assignment: lease: who holds it, as the last round saw ('' : nobody)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # streams start and stop one at a time
 
     def health(self) -> dict[str, Any]:
         streams = [s.health() for s in self.streams]
         return {
             "model_group": self.group,
             "replica": self.replica,
+            "owned": self.owned,
+            "owner": self.owner,
             "connected": bool(streams) and all(s["connected"] for s in streams),
             "last_seq": max((int(s["last_seq"]) for s in streams), default=-1),  # type: ignore[call-overload]
             "events_applied": sum(int(s["events_applied"]) for s in streams),  # type: ignore[call-overload]
@@ -100,12 +136,22 @@ class Indexer:
         self._task: asyncio.Task[None] | None = None
         self.redis_ok = False
         self.started = time.time()
+        self.leases: Leases | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        self._changes: set[asyncio.Task[None]] = set()  # streams starting or stopping after a lease change
+        self.lease_ok = False
+        self.last_round: float | None = None  # monotonic time of the last lease round that reached Redis
+        self.rounds: dict[str, LeaseRound] = {}
+        if cfg.assignment == "lease":
+            self.leases = Leases(self.index.client, cfg.indexer_id or default_indexer_id(),
+                                 ttl_s=cfg.lease_ttl_s, grace_s=cfg.lease_renew_interval_s)
         for group, gcfg in cfg.model_groups.items():
             for rc in gcfg.replicas:
                 rid = replica_id(rc.api_base)
                 base = rc.api_base.rstrip("/")
                 base = base[:-3] if base.endswith("/v1") else base
                 rt = ReplicaRuntime(group, rid, rc, EngineClient(base, timeout=cfg.engine_timeout_s))
+                rt.owned = self.leases is None  # with leases, a replica is followed once its lease is held
                 rt.checker = self._checker(rt)
                 self.replicas[(group, rid)] = rt
 
@@ -115,12 +161,24 @@ class Indexer:
         if not self.cfg.split_replicas:  # with a split, the replicas not listed here are another indexer's
             with contextlib.suppress(RedisError, OSError):
                 await self._purge_unconfigured()
-        for rt in self.replicas.values():
-            await self._bring_up(rt)
-        self._task = asyncio.get_running_loop().create_task(self._maintain(), name="kv-indexer-maintain")
+        loop = asyncio.get_running_loop()
+        if self.leases is not None:
+            for rt in self.replicas.values():
+                await self._learn_facts(rt)  # /lookup hashes for every replica, followed here or not
+            await self._lease_round()  # the first claims, before /health answers
+            self._lease_task = loop.create_task(self._lease_loop(), name="kv-indexer-leases")
+        else:
+            for rt in self.replicas.values():
+                await self._bring_up(rt)
+        self._task = loop.create_task(self._maintain(), name="kv-indexer-maintain")
 
     async def stop(self) -> None:
+        await cancel_and_wait(self._lease_task, Exception)
         await cancel_and_wait(self._task, Exception)
+        for task in list(self._changes):
+            await cancel_and_wait(task, Exception)
+        if self.leases is not None:
+            await self._release_leases()
         for rt in self.replicas.values():
             for s in rt.streams:
                 await s.stop()
@@ -139,7 +197,13 @@ class Indexer:
                     log.info("indexer: replica %s left group %s: purged %d entries", rid, group, n)
 
     async def _bring_up(self, rt: ReplicaRuntime) -> None:
+        async with rt.lock:
+            await self._bring_up_locked(rt)
+
+    async def _bring_up_locked(self, rt: ReplicaRuntime) -> None:
         """Read engine facts and event endpoints; start the streams. Failures are retried later."""
+        if not rt.owned:
+            return
         try:
             await self._read_facts(rt)
             if not rt.streams:
@@ -151,6 +215,16 @@ class Indexer:
             rt.error = f"{type(exc).__name__}: {exc}"
             log.warning("indexer: replica %s of %s not ready: %s", rt.replica, rt.group, rt.error)
         self._refresh_exact(rt)
+
+    async def _learn_facts(self, rt: ReplicaRuntime) -> None:
+        """Block size and hash algorithm of a replica this indexer does not follow (yet): no restart check,
+        which is its owner's; a failure is left for when the replica is followed."""
+        try:
+            m = await rt.client.metrics()
+        except Exception as exc:
+            log.info("indexer: facts of %s not read yet: %s", rt.replica, exc)
+            return
+        rt.block_size, rt.hash_algo, rt.prefix_caching = m.block_size, m.hash_algo, m.prefix_caching
 
     async def _read_facts(self, rt: ReplicaRuntime) -> None:
         m = await rt.client.metrics()
@@ -251,22 +325,8 @@ class Indexer:
             now = time.monotonic()
             try:
                 for rt in self.replicas.values():
-                    if rt.error or not rt.streams:
-                        if now - last_retry >= self.cfg.discovery_interval_s:
-                            await self._bring_up(rt)
-                        continue
-                    try:
-                        await self._read_facts(rt)
-                    except (RedisError, OSError):
-                        raise
-                    except Exception as exc:
-                        log.warning("indexer: %s metrics unreachable: %s", rt.replica, exc)
-                        continue  # no heartbeat: the replica expires if this lasts
-                    await self.index.heartbeat(rt.group, rt.replica, self.cfg.heartbeat_ttl_s)
-                    for stream in rt.streams:
-                        await stream.verify()
-                    rt.last_heartbeat = time.time()
-                    self._refresh_exact(rt)
+                    async with rt.lock:  # a lease change waits: never heartbeat or resync a stopped replica
+                        await self._maintain_replica(rt, retry=now - last_retry >= self.cfg.discovery_interval_s)
                 if now - last_retry >= self.cfg.discovery_interval_s:
                     last_retry = now
                 for group, rid in await self.index.expire():
@@ -284,12 +344,130 @@ class Indexer:
             REDIS_UP.set(1 if self.redis_ok else 0)
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
 
+    async def _maintain_replica(self, rt: ReplicaRuntime, *, retry: bool) -> None:
+        if not rt.owned:
+            return
+        if rt.error or not rt.streams:
+            if retry:
+                await self._bring_up_locked(rt)
+            return
+        try:
+            await self._read_facts(rt)
+        except (RedisError, OSError):
+            raise
+        except Exception as exc:
+            log.warning("indexer: %s metrics unreachable: %s", rt.replica, exc)
+            return  # no heartbeat: the replica expires if this lasts
+        await self.index.heartbeat(rt.group, rt.replica, self.cfg.heartbeat_ttl_s)
+        for stream in rt.streams:
+            await stream.verify()
+        rt.last_heartbeat = time.time()
+        self._refresh_exact(rt)
+
+    # -- leases (assignment: lease) ----------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_renew_interval_s)
+            try:
+                await self._lease_round()
+            except Exception:  # a bug here must not stop the renewals: the leases would pass to others
+                self.lease_ok = False
+                log.exception("indexer: lease round failed")
+
+    async def _lease_round(self) -> None:
+        """Renew, claim and hand over every group's leases; start or stop streams as ownership changed.
+        While Redis is unreachable nothing is stopped: a replica followed twice is harmless, one followed by
+        nobody is not."""
+        assert self.leases is not None
+        try:
+            for group in self.cfg.model_groups:
+                rids = [rid for (g, rid) in self.replicas if g == group]
+                rnd = await self.leases.renew(group, rids)
+                self.rounds[group] = rnd
+                self._apply_round(group, rnd)
+            if not self.lease_ok:
+                log.info("indexer %s: lease rounds reach Redis", self.leases.indexer)
+            self.lease_ok = True
+            self.last_round = time.monotonic()
+        except (RedisError, OSError) as exc:
+            if self.lease_ok:
+                log.warning("indexer %s: lease round failed (keeping the replicas it follows): %s",
+                            self.leases.indexer, exc)
+            self.lease_ok = False
+
+    def _apply_round(self, group: str, rnd: LeaseRound) -> None:
+        assert self.leases is not None
+        me = self.leases.indexer
+        owned = 0
+        for rid, owner in rnd.owners.items():
+            rt = self.replicas[(group, rid)]
+            rt.owner = owner
+            mine = owner == me
+            owned += mine
+            if mine and not rt.owned:
+                rt.owned = True
+                rt.engine_started = None  # its restarts so far were its previous owner's to handle
+                kind = rnd.claimed.get(rid, "new")
+                CLAIMS.labels(group, kind).inc()
+                log.info("indexer %s: follows %s of %s (%s lease)", me, rid, group, kind)
+                self._change(self._bring_up(rt))
+            elif not mine and rt.owned:
+                rt.owned = False
+                DROPS.labels(group).inc()
+                log.info("indexer %s: hands %s of %s over to %s", me, rid, group, owner or "nobody")
+                self._change(self._stop_streams(rt))
+        OWNED.labels(group).set(owned)
+        LIVE_INDEXERS.labels(group).set(rnd.live)
+        UNCOVERED.labels(group).set(len(rnd.uncovered))
+
+    def _change(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+
+    async def _stop_streams(self, rt: ReplicaRuntime) -> None:
+        async with rt.lock:
+            if rt.owned:  # claimed back meanwhile
+                return
+            rt.error = ""  # its owner's to report now
+            for s in rt.streams:  # left in the list until stopped: a cancelled stop is finished by stop()
+                await s.stop()
+            rt.streams = []
+
+    async def _release_leases(self) -> None:
+        """Shutdown: free the leases at once, so the others take the replicas within one round."""
+        assert self.leases is not None
+        for group in self.cfg.model_groups:
+            try:
+                n = await self.leases.release(group, [rid for (g, rid) in self.replicas if g == group])
+            except (RedisError, OSError) as exc:
+                log.warning("indexer %s: leases of %s not released (they expire in %.0fs): %s",
+                            self.leases.indexer, group, self.cfg.lease_ttl_s, exc)
+                continue
+            log.info("indexer %s: released %d leases of %s", self.leases.indexer, n, group)
+
     # -- API -------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         reps = [rt.health() for rt in self.replicas.values()]
-        ok = self.redis_ok and all(r["connected"] and r["exact"] for r in reps)
-        return {"status": "ok" if ok else "degraded", "redis": self.redis_ok, "replicas": reps}
+        ok = self.redis_ok and all(r["connected"] and r["exact"] for r in reps if r["owned"])
+        out: dict[str, Any] = {"redis": self.redis_ok, "replicas": reps}
+        if self.leases is not None:
+            uncovered = {g: rnd.uncovered for g, rnd in self.rounds.items() if rnd.uncovered}
+            ok = ok and self.lease_ok and not uncovered
+            out["assignment"] = {
+                "mode": "lease",
+                "indexer_id": self.leases.indexer,
+                "lease_ok": self.lease_ok,
+                "last_round_age_s": None if self.last_round is None else round(time.monotonic() - self.last_round, 3),
+                "live_indexers": {g: rnd.live for g, rnd in self.rounds.items()},
+                "owned": {g: sorted(rnd.owned_by(self.leases.indexer)) for g, rnd in self.rounds.items()},
+                "uncovered": uncovered,
+            }
+        else:
+            out["assignment"] = {"mode": "static", "split_replicas": self.cfg.split_replicas}
+        return {"status": "ok" if ok else "degraded", **out}
 
     async def lookup(self, group: str, token_ids: list[int]) -> dict[str, Any]:
         """Predicted hit tokens per replica for a prompt's token ids (the max-hit rule applied)."""

@@ -1,0 +1,188 @@
+"""Lease rounds (``assignment: lease``) on a real redis-server and a real Redis Cluster (3 masters + 3 replicas).
+
+What the indexers rely on: every replica has an owner after any indexer's round, a new indexer takes its share
+through hand-overs (the old owner keeps its lease until then), a dead indexer's leases are taken over once they
+expire, a clean stop frees them at once, and the two keys of a group live in one cluster slot. Expiry is real
+(short TTLs and sleeps on Redis's clock), no clock is faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+from redis.crc import key_slot
+
+from litellm_kv.config import parse_section
+from litellm_kv.index.redis import group_key_prefix
+from litellm_kv.redis_client import RedisClient, RedisUse, connect
+from litellm_kv.services.indexer.config import IndexerSettings
+from litellm_kv.services.indexer.lease import LeaseRound, Leases
+from litellm_kv.services.indexer.service import Indexer
+from tools.harness.procs import free_port
+from tools.harness.redis_cluster import RedisClusterServers
+from tools.harness.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+GROUP = "g{x}"  # braces in the name: the hash tag must still be the whole group
+REPLICAS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+TTL_S = 0.6
+_servers: list[RedisServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_redis() -> Iterator[None]:
+    yield
+    while _servers:
+        _servers.pop().stop()
+
+
+@asynccontextmanager
+async def single(request: pytest.FixtureRequest) -> AsyncIterator[RedisClient]:
+    if not _servers:
+        _servers.append(RedisServer(name="redis-lease"))
+    _servers[0].client().flushall()
+    client = connect(_servers[0].url, RedisUse.INDEX)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@asynccontextmanager
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[RedisClient]:
+    servers: RedisClusterServers = request.getfixturevalue("redis_cluster")
+    servers.flushall()
+    client = connect(servers.settings(), RedisUse.INDEX)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=[pytest.param(single, id="redis"), pytest.param(cluster, id="cluster")])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[RedisClient]:
+    factory: Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[RedisClient]] = request.param
+    async with factory(request) as c:
+        yield c
+
+
+def leases(client: RedisClient, name: str) -> Leases:
+    return Leases(client, name, ttl_s=TTL_S, grace_s=0.2)
+
+
+def owned(rnd: LeaseRound, name: str) -> list[str]:
+    return sorted(rnd.owned_by(name))
+
+
+async def test_lease_a_second_indexer_takes_its_share_by_hand_over(client: RedisClient) -> None:
+    a, b = leases(client, "a"), leases(client, "b")
+    first = await a.renew(GROUP, REPLICAS)
+    assert first.live == 1 and owned(first, "a") == REPLICAS
+    assert first.claimed == dict.fromkeys(REPLICAS, "new")
+    joined = await b.renew(GROUP, REPLICAS)
+    assert joined.live == 2 and owned(joined, "b") == [] and joined.uncovered == []  # all still a's
+    offered = await a.renew(GROUP, REPLICAS)  # a holds 3 > ceil(3 / 2): offers one, still follows it
+    assert owned(offered, "a") == REPLICAS
+    took = await b.renew(GROUP, REPLICAS)
+    assert took.claimed == {REPLICAS[2]: "handoff"} and owned(took, "b") == [REPLICAS[2]]
+    after = await a.renew(GROUP, REPLICAS)
+    assert owned(after, "a") == REPLICAS[:2] and after.uncovered == []
+
+
+async def test_lease_a_dead_indexers_replicas_are_taken_over_after_the_ttl(client: RedisClient) -> None:
+    a, b = leases(client, "a"), leases(client, "b")
+    for _ in range(2):
+        await a.renew(GROUP, REPLICAS)
+        await b.renew(GROUP, REPLICAS)
+    held_by_a = owned(await a.renew(GROUP, REPLICAS), "a")
+    assert held_by_a and len(held_by_a) < len(REPLICAS)
+    early = await b.renew(GROUP, REPLICAS)  # a stops renewing: within the TTL its leases stand
+    assert owned(early, "a") == held_by_a and early.claimed == {}
+    await asyncio.sleep(TTL_S + 0.1)
+    late = await b.renew(GROUP, REPLICAS)
+    assert late.live == 1 and owned(late, "b") == REPLICAS
+    assert late.claimed == dict.fromkeys(held_by_a, "takeover")
+
+
+async def test_lease_a_clean_stop_frees_the_leases_at_once(client: RedisClient) -> None:
+    a, b = leases(client, "a"), leases(client, "b")
+    await a.renew(GROUP, REPLICAS)
+    await b.renew(GROUP, REPLICAS)
+    assert await a.release(GROUP, REPLICAS) == len(REPLICAS)
+    rnd = await b.renew(GROUP, REPLICAS)  # no wait for the TTL
+    assert rnd.live == 1 and owned(rnd, "b") == REPLICAS and rnd.claimed == dict.fromkeys(REPLICAS, "new")
+    assert await a.release(GROUP, REPLICAS) == 0  # only the releasing indexer's own leases
+
+
+@pytest.mark.parametrize("n_indexers,n_replicas", [(3, 4), (4, 7), (2, 1)])
+async def test_lease_rounds_keep_every_replica_covered_and_settle_to_the_share(
+    client: RedisClient, n_indexers: int, n_replicas: int
+) -> None:
+    reps = [f"http://10.0.1.{i}:8000" for i in range(n_replicas)]
+    table = [leases(client, f"ix{i}") for i in range(n_indexers)]
+    last: LeaseRound | None = None
+    for _ in range(6):  # rounds in turn, as the indexers' loops would interleave
+        for ix in table:
+            last = await ix.renew(GROUP, reps)
+            assert last.uncovered == [] and all(last.owners[r] for r in reps)
+    assert last is not None and last.live == n_indexers
+    share = math.ceil(n_replicas / n_indexers)
+    counts = [len(last.owned_by(ix.indexer)) for ix in table]
+    assert sum(counts) == n_replicas and max(counts) <= share, counts
+
+
+def test_lease_keys_of_a_group_share_the_index_keys_cluster_slot() -> None:
+    slots = {key_slot(k.encode()) for k in [*Leases.keys(GROUP), group_key_prefix(GROUP) + "blocks"]}
+    assert len(slots) == 1
+
+
+# -- the indexer over its leases (in process; its replicas are addresses nothing listens on, so no streams
+# start: what is checked is which replicas each indexer holds and follows, as /health shows it) ------------
+
+
+def lease_settings(redis_url: str, name: str, replicas: list[str]) -> IndexerSettings:
+    return parse_section(IndexerSettings, {
+        "redis_url": redis_url, "assignment": "lease", "indexer_id": name, "lease_ttl_s": 1.0,
+        "lease_renew_interval_s": 0.2, "engine_timeout_s": 0.5, "discovery_interval_s": 60.0,
+        "model_groups": {"g": {"replicas": [{"api_base": r} for r in replicas]}},
+    }, "indexer")
+
+
+def held(ix: Indexer) -> set[str]:
+    return {r["replica"] for r in ix.health()["replicas"] if r["owned"]}
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_lease_indexers_keep_their_replicas_while_redis_is_down_and_settle_again_after() -> None:
+    server = RedisServer(name="redis-lease-outage")
+    replicas = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    a = Indexer(lease_settings(server.url, "a", replicas))
+    b = Indexer(lease_settings(server.url, "b", replicas))
+    try:
+        await a.start()
+        assert held(a) == set(replicas) and a.health()["assignment"]["owned"] == {"g": sorted(replicas)}
+        await b.start()
+        await until(lambda: len(held(a)) == 1 and held(a) | held(b) == set(replicas))
+        before = (held(a), held(b))
+        server.stop()
+        await asyncio.sleep(1.5)  # past the lease TTL: nobody can renew, and nobody stops following
+        assert (held(a), held(b)) == before
+        h = a.health()
+        assert h["status"] == "degraded" and h["assignment"]["lease_ok"] is False
+        server.start()  # without persistence: the lease table is gone
+        await until(lambda: a.lease_ok and b.lease_ok and len(held(a)) == 1 and held(a) | held(b) == set(replicas))
+    finally:
+        await a.stop()
+        await b.stop()
+        server.stop()
