@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -81,9 +83,9 @@ class VL:
     http: httpx.Client
     events: Events
 
-    def chat(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    def chat(self, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         resp = self.http.post(self.engine.url + "/v1/chat/completions", json={
-            "model": SERVED_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": parts}]})
+            "model": SERVED_NAME, "max_tokens": 2, "messages": [{"role": "user", "content": parts}], **extra})
         assert resp.status_code == 200, resp.text
         return dict(resp.json()["usage"])
 
@@ -92,7 +94,7 @@ class VL:
 def vl() -> Iterator[VL]:
     if not VL_ENGINE_PY.exists():
         pytest.skip(f"{VL_ENGINE_PY} is missing (opt-in: LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
-    engine = start_vl_replica(block_size=BLOCK)
+    engine = start_vl_replica(block_size=BLOCK, extra_args=["--trust-request-mm-kwargs"])
     events = Events()
     thread = threading.Thread(target=events.listen, args=(engine.subscribe_endpoint,), daemon=True)
     thread.start()
@@ -106,11 +108,15 @@ def vl() -> Iterator[VL]:
         engine.stop()
 
 
-def image_part(w: int, h: int, colour: tuple[int, int, int], uuid: str | None = None) -> dict[str, Any]:
+def png(w: int, h: int, colour: tuple[int, int, int]) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (w, h), colour).save(buf, format="PNG")
-    part: dict[str, Any] = {"type": "image_url",
-                            "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    return buf.getvalue()
+
+
+def image_part(w: int, h: int, colour: tuple[int, int, int], uuid: str | None = None) -> dict[str, Any]:
+    data = base64.b64encode(png(w, h, colour)).decode()
+    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + data}}
     if uuid is not None:
         part["uuid"] = uuid
     return part
@@ -190,3 +196,70 @@ def test_text_only_blocks_carry_no_keys(vl: VL) -> None:
     assert usage["prompt_tokens_details"]["multimodal_tokens"] is None
     assert len(keys) >= usage["prompt_tokens"] // BLOCK > 0
     assert set(keys) == {None}
+
+
+@pytest.mark.parametrize(("size", "max_pixels"), [((640, 480), 50_000), ((448, 448), 100_000), ((1001, 37), 20_000)])
+def test_request_max_pixels_count(vl: VL, size: tuple[int, int], max_pixels: int) -> None:
+    """Per-request ``mm_processor_kwargs`` (the engine runs with ``--trust-request-mm-kwargs``)."""
+    w, h = size
+    part = image_part(w, h, (3, w % 256, h % 256))
+    kwargs = {"mm_processor_kwargs": {"max_pixels": max_pixels}}
+    first = vl.chat([part, TEXT], **kwargs)
+    again = vl.chat([part, TEXT], **kwargs)
+    want = visual_tokens("qwen2_5_vl", w, h, max_pixels=max_pixels)
+    assert want < visual_tokens("qwen2_5_vl", w, h)
+    assert first["prompt_tokens_details"]["multimodal_tokens"] == {"image": want}
+    assert again["prompt_tokens_details"]["cached_tokens"] == (first["prompt_tokens"] - 1) // BLOCK * BLOCK > 0
+
+
+# Runs in the vision-language engine venv: vLLM's own identifier for each case, computed in-process.
+ORACLE = r"""
+import base64, io, json, sys
+from PIL import Image
+from vllm.multimodal.hasher import MultiModalHasher
+from vllm.multimodal.media import MediaWithBytes
+model, cases = sys.argv[1], json.loads(sys.argv[2])
+out = []
+for c in cases:
+    factors = {"mm_processor_kwargs": c["kwargs"]} if c["kwargs"] else {}
+    if c["uuid"] is not None and not factors:
+        out.append(c["uuid"])
+        continue
+    if c["uuid"] is not None:
+        item = c["uuid"]
+    else:
+        raw = base64.b64decode(c["png"])
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+        item = MediaWithBytes(image, raw)
+    out.append(MultiModalHasher.hash_kwargs("blake3", model_id=model, image=item, **factors))
+print(json.dumps(out))
+"""
+
+
+def test_identifiers_are_vllm_hasher_digests(vl: VL) -> None:
+    """The identifier in the events is vLLM's ``MultiModalHasher`` digest of the model path, the image's
+    original bytes (or the client's uuid) and the per-request processor kwargs; a uuid with no kwargs is
+    used verbatim. So a router can compute it from the request's bytes without decoding pixels."""
+    cases = [
+        {"size": (200, 150), "uuid": None, "kwargs": None},
+        {"size": (200, 150), "uuid": None, "kwargs": {"max_pixels": 20_000}},
+        {"size": (200, 150), "uuid": "client-id-7", "kwargs": {"max_pixels": 20_000}},
+        {"size": (200, 150), "uuid": "client-id-8", "kwargs": None},
+    ]
+    seen = []
+    for i, c in enumerate(cases):
+        w, h = c["size"]
+        raw = png(w, h, (i, 200, 100))
+        c["png"] = base64.b64encode(raw).decode()
+        part = image_part(w, h, (i, 200, 100), uuid=c["uuid"])
+        extra = {"mm_processor_kwargs": c["kwargs"]} if c["kwargs"] else {}
+        n0 = vl.events.count()
+        vl.chat([part, TEXT], **extra)
+        seen.append(image_keys(vl.events.since(n0))[0][0][0])
+    out = subprocess.run(
+        [str(VL_ENGINE_PY), "-c", ORACLE, str(vl.engine.model_dir),
+         json.dumps([{k: v for k, v in c.items() if k != "size"} for c in cases])],
+        check=True, capture_output=True, text=True, timeout=120)
+    assert seen == json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen[3] == "client-id-8" and len(set(seen)) == 4
