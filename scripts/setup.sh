@@ -57,7 +57,7 @@ if [ ! -x .venv-engine/bin/python ] || [ "$(cat .venv-engine/.stamp 2>/dev/null)
   echo "$want" > .venv-engine/.stamp
 fi
 
-# Opt-in (LITELLM_KV_VL_ENGINE=1): a second engine venv that serves the tiny vision-language model
+# With LITELLM_KV_VL_ENGINE=1 (scripts/test.sh sets it): a second engine venv that serves the tiny vision-language model
 # (tools/engine/build_vl_model.py) for the tests that need a real image engine (docs/hashing.md, "Images").
 if [ "${LITELLM_KV_VL_ENGINE:-0}" = 1 ]; then
   want=$(stamp_of requirements/engine.txt requirements/engine-vl.txt)

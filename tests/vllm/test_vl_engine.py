@@ -1,6 +1,6 @@
 """The tiny vision-language model served by a real vLLM CPU engine: what it counts, caches and publishes.
 
-Engine: one replica from the vision-language engine venv (``.venv-engine-vl``, opt-in:
+Engine: one replica from the vision-language engine venv (``.venv-engine-vl``, built by scripts/test.sh or
 ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``; without it these tests skip and say so), block size 32,
 prefix caching, KV events over ZMQ (ipc). Images are generated PNGs sent as ``data:`` URLs in
 ``/v1/chat/completions``. These are the engine facts issue 19's image routing is built on: the
@@ -93,7 +93,7 @@ class VL:
 @pytest.fixture(scope="module")
 def vl() -> Iterator[VL]:
     if not VL_ENGINE_PY.exists():
-        pytest.skip(f"{VL_ENGINE_PY} is missing (opt-in: LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
+        pytest.skip(f"{VL_ENGINE_PY} is missing (built by scripts/test.sh or LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
     engine = start_vl_replica(block_size=BLOCK, extra_args=["--trust-request-mm-kwargs"])
     events = Events()
     thread = threading.Thread(target=events.listen, args=(engine.subscribe_endpoint,), daemon=True)

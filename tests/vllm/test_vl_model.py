@@ -4,7 +4,7 @@ These tests check the model's own files with transformers in the engine venv, wi
 image processor turns each image into exactly the visual-token count ``litellm_kv.governance.vision``
 computes, and its chat template and tokenizer give one ``<|image_pad|>`` per image between the
 vision markers. The engine-level checks (usage, ``cached_tokens``, KV-event extra keys) are in
-``test_vl_engine.py``, on the opt-in vision-language engine venv (docs/hashing.md, "Images").
+``test_vl_engine.py``, on the vision-language engine venv (built by the test command) (docs/hashing.md, "Images").
 """
 
 from __future__ import annotations

