@@ -73,7 +73,7 @@ KEY_PREFIX = "lkv"
 GROUPS_KEY = f"{KEY_PREFIX}:groups"
 LOOKUP_CHUNK = 64
 SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge: short enough not to stall other clients
-APPLY_CALL_BLOCKS = 1024  # hashes per apply script call at most (a call of one larger batch excepted): same reason
+APPLY_CALL_BLOCKS = 256  # hashes per apply script call at most (a call of one larger batch excepted): same reason
 log = logging.getLogger("litellm_kv")
 _U64 = (1 << 64) - 1
 _Q_IS_8_BYTES = array("Q").itemsize == 8
