@@ -399,6 +399,28 @@ async def test_batches_in_one_call_do_what_one_call_each_does(server: RedisServe
         await single.close()
 
 
+async def test_two_writers_sending_overlapping_calls_apply_each_batch_once(server: RedisServer) -> None:
+    """Two indexers, each sending the batches it has in calls of its own size, overlapping: every batch
+    counts once (the contents equal one writer's), the other's copies come back as duplicates."""
+    server.client().flushall()
+    rng = random.Random(3)
+    universe = list(range(1, 20))
+    specs = [BatchOps(_random_ops(rng, universe), "a#0", seq, 10.0 + seq) for seq in range(30)]
+    one, two, ref = (RedisIndex(server.url, auto_sweep=False) for _ in range(3))
+    try:
+        first = await one.apply_batches("g1", "a", specs[:10])
+        second = await two.apply_batches("g1", "a", specs[:20], max_blocks=8)
+        third = await one.apply_batches("g1", "a", specs[5:])
+        assert [r.status for r in first] == [ApplyStatus.APPLIED] * 10
+        assert [r.status for r in second] == [ApplyStatus.DUPLICATE] * 10 + [ApplyStatus.APPLIED] * 10
+        assert [r.status for r in third] == [ApplyStatus.DUPLICATE] * 15 + [ApplyStatus.APPLIED] * 10
+        await ref.apply_batches("g2", "a", specs)
+        assert _group_state(server, "g1") == _group_state(server, "g2")
+    finally:
+        for idx in (one, two, ref):
+            await idx.close()
+
+
 async def test_engine_restart_detected_by_seq_and_time(index: RedisIndex) -> None:
     await index.apply_batch(G, "a", [stored(1, 2)], stream="a#0", seq=0, ts=100.0)
     await index.apply_batch(G, "a", [stored(3)], stream="a#0", seq=1, ts=100.5)
