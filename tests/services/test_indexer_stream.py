@@ -109,3 +109,16 @@ async def test_queued_batches_go_to_redis_together_and_in_order(
     assert await index.lookup(G, [1000 + n - 1]) == {R: ReplicaMatch(gpu=1)}
     assert await index.lookup(G, [1000 + n - 2]) == {}
     assert await index.size(G) == 1
+
+
+async def test_a_lost_batch_inside_a_burst_is_replayed(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    """Batches after a hole in one call are gaps: the stream replays from the hole and ends exact."""
+    pub, stream, index = setup
+    for i in range(30):  # batch 12 never reaches the SUB socket
+        await pub.publish(batch(stored([2000 + i], parent=1999 + i if i else None)), live=i != 12)
+    time.sleep(0.3)  # (blocking on purpose) the whole burst is queued before the stream reads it
+    await until(lambda: stream.stats.last_seq == 29)
+    assert stream.stats.gaps >= 1 and stream.stats.resyncs == 0
+    assert await index.lookup(G, [2000 + i for i in range(30)]) == {R: ReplicaMatch(gpu=30)}
