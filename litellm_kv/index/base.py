@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+import msgspec
+
 T = TypeVar("T")
 
 
@@ -32,12 +34,18 @@ class Tier(enum.IntEnum):
 
 def tier_of_medium(medium: str | None) -> Tier:
     """Map a KV event's ``medium`` to a tier; ``None`` (older engines) means GPU."""
+    tier = _TIER_OF.get(medium)
+    if tier is not None:
+        return tier
     if medium is None:
         return Tier.GPU
     try:
         return Tier[medium.upper()]
     except KeyError:
         return Tier.STORAGE
+
+
+_TIER_OF: dict[str | None, Tier] = {None: Tier.GPU, "GPU": Tier.GPU, "CPU": Tier.CPU, "STORAGE": Tier.STORAGE}
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,9 +61,11 @@ class ReplicaMatch:
         return self.gpu + self.cpu + self.storage
 
 
-@dataclass(slots=True, frozen=True)
-class BlockOp:
-    """One index mutation, derived from a KV event: +1/-1 reference of ``hashes`` on ``tier``."""
+class BlockOp(msgspec.Struct, frozen=True, gc=False):
+    """One index mutation, derived from a KV event: +1/-1 reference of ``hashes`` on ``tier``.
+
+    A frozen ``msgspec`` struct rather than a frozen dataclass: one is made per event, and a frozen
+    dataclass's constructor costs several times more (benchmarks/bench_ingest.py)."""
 
     hashes: tuple[int, ...]
     tier: Tier

@@ -77,22 +77,29 @@ class InMemoryIndex:
         holders = g.holders
         touched = 0
         for op in ops:
-            t = int(op.tier)
+            hashes = op.hashes
+            t = op.tier
             unit = _UNIT[t]
             if op.delta > 0:
-                for h in op.hashes:
-                    v = get(h)
-                    if v is None:
-                        table[h] = unit
-                        holders[h] = holders.get(h, 0) | bit
-                    else:
-                        table[h] = v + unit
+                fresh = dict.fromkeys(hashes, unit)
+                if len(fresh) == len(hashes) and table.keys().isdisjoint(fresh):
+                    # The usual store: distinct hashes the replica does not hold yet; set in C.
+                    table.update(fresh)
+                    holders.update(zip(hashes, map(bit.__or__, map(holders.get, hashes, repeat(0))), strict=True))
+                else:
+                    for h in hashes:
+                        v = get(h)
+                        if v is None:
+                            table[h] = unit
+                            holders[h] = holders.get(h, 0) | bit
+                        else:
+                            table[h] = v + unit
                 if t:
-                    g.non_gpu_refs += len(op.hashes)
-                touched += len(op.hashes)
+                    g.non_gpu_refs += len(hashes)
+                touched += len(hashes)
             else:
                 shift = _SHIFT * t
-                for h in op.hashes:
+                for h in hashes:
                     v = get(h)
                     if v is None or not (v >> shift) & _FIELD:
                         continue  # already gone: a replayed or duplicate removal

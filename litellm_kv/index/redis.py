@@ -23,7 +23,9 @@ Round trips: :meth:`lookup` is **one** ``EVALSHA`` for a whole prompt: the scrip
 in chunks of 64 fields and stops when every replica has missed (hashes are chained, so nothing
 after a replica's first miss can hit); :meth:`lookup_riding` carries other read-only work of the same
 group in that script (the proxy's load snapshot, :class:`ScriptRider`), so a routing decision is one
-round trip in all. :meth:`apply_batch` is one ``EVALSHA`` per event batch.
+round trip in all. :meth:`apply_batch` is one ``EVALSHA`` per event batch, :meth:`apply_batches` one for
+several batches of a stream (up to ``apply_call_blocks`` hashes); the script reads the entries an op touches
+with one ``HMGET`` and writes them back with one ``HSET``/``HDEL`` and one ``SADD``/``SREM``.
 ``redis-py`` re-sends the script source once after a server restart (``NOSCRIPT``).
 
 Purges (engine restart, ``AllBlocksCleared``, heartbeat expiry, replica removed) are O(1): the
@@ -71,6 +73,7 @@ KEY_PREFIX = "lkv"
 GROUPS_KEY = f"{KEY_PREFIX}:groups"
 LOOKUP_CHUNK = 64
 SWEEP_STEP = 1000  # entries stripped per cleanup script after a purge: short enough not to stall other clients
+APPLY_CALL_BLOCKS = 256  # hashes per apply script call at most (a call of one larger batch excepted): same reason
 log = logging.getLogger("litellm_kv")
 _U64 = (1 << 64) - 1
 _Q_IS_8_BYTES = array("Q").itemsize == 8
@@ -134,6 +137,17 @@ class RootStored:
 ApplyOp = BlockOp | RootStored | str  # str: the CLEAR marker
 
 
+@dataclass(slots=True, frozen=True)
+class BatchOps:
+    """One event batch for :meth:`RedisIndex.apply_batches`: its ops and its place in its stream."""
+
+    ops: Iterable[ApplyOp]
+    stream: str | None = None  # None: the replica's name
+    seq: int = -1  # < 0: applied unconditionally
+    ts: float = 0.0
+    force: bool = False
+
+
 def group_tag(group: str) -> str:
     """The hash-tag form of a group name (braces would end the tag early)."""
     return group.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
@@ -176,22 +190,48 @@ def _pack(hashes: Sequence[int]) -> bytes:
     return struct.pack(f">{len(hashes)}Q", *(h & _U64 for h in hashes))
 
 
-def _encode_ops(ops: Iterable[ApplyOp]) -> list[bytes | str]:
+def _encode_ops(ops: Iterable[ApplyOp]) -> tuple[list[bytes | str], int]:
+    """The apply script's op arguments and the number of hashes in them. Consecutive plain ops of the same
+    sign and tier are sent as one (the script applies a run's hashes in order, as it would the ops)."""
     args: list[bytes | str] = []
+    head: str | None = None  # header of the open run of plain ops
+    run: list[int] = []
+    n = 0
     for item in ops:
         if isinstance(item, str):
             if item != CLEAR:
                 raise ValueError(f"unknown op marker {item!r}")
+            if head is not None:
+                args += (head, _pack(run))
+                head = None
             args.append(CLEAR)
             continue
-        kind, op = ("r", item.op) if isinstance(item, RootStored) else ("o", item)
+        root = isinstance(item, RootStored)
+        op = item.op if isinstance(item, RootStored) else item
         if not op.hashes or op.delta == 0:
             continue
-        if kind == "r" and op.delta < 0:
+        if root and op.delta < 0:
             raise ValueError("RootStored wraps a BlockStored op (delta > 0)")
-        args.append(f"{kind}{op.delta},{int(op.tier)}")
-        args.append(_pack(op.hashes))
-    return args
+        n += len(op.hashes)
+        h = _HEADERS.get((root, op.delta, op.tier))
+        if h is None:
+            h = _HEADERS[(root, op.delta, op.tier)] = f"{'r' if root else 'o'}{op.delta},{int(op.tier)}"
+        if h == head:
+            run += op.hashes
+            continue
+        if head is not None:
+            args += (head, _pack(run))
+            head = None
+        if root:
+            args += (h, _pack(op.hashes))
+        else:
+            head, run = h, list(op.hashes)
+    if head is not None:
+        args += (head, _pack(run))
+    return args, n
+
+
+_HEADERS: dict[tuple[bool, int, int], str] = {}
 
 
 def _text(value: Any) -> str:
@@ -204,7 +244,8 @@ class RedisIndex:
     settings (one server, a Redis Cluster, a master through Sentinel).
 
     ``sweep_step``: entries stripped per cleanup script after a purge; ``auto_sweep``: run that
-    cleanup in a background task of this process (else only explicit :meth:`sweep` calls).
+    cleanup in a background task of this process (else only explicit :meth:`sweep` calls);
+    ``apply_call_blocks``: hashes per :meth:`apply_batches` script call at most.
     ``guard``: deadline and circuit breaker of the lookups (the proxy's routing path); writes (the
     indexer's) are not bounded by it.
     """
@@ -212,7 +253,7 @@ class RedisIndex:
     def __init__(
         self, target: str | RedisTarget, *, client: RedisClient | None = None,
         socket_timeout_s: float | None = None, sweep_step: int = SWEEP_STEP, auto_sweep: bool = True,
-        guard: RedisGuard | None = None,
+        guard: RedisGuard | None = None, apply_call_blocks: int = APPLY_CALL_BLOCKS,
     ):
         self.url = describe(target)  # where it points, without credentials
         self.client: RedisClient = client or connect(target, RedisUse.INDEX, timeout_s=socket_timeout_s)
@@ -227,6 +268,7 @@ class RedisIndex:
         self._keys: dict[str, _GroupKeys] = {}
         self._sweepers: dict[str, asyncio.Task[int]] = {}
         self.sweep_step = sweep_step
+        self.apply_call_blocks = apply_call_blocks
         self.auto_sweep = auto_sweep  # False: only explicit sweep() calls clean up after purges
         self.round_trips = 0  # client calls sent to Redis (a script or pipeline counts once)
         self.guard = guard
@@ -266,17 +308,44 @@ class RedisIndex:
         (purging the replica first, since the missed batches may have removed blocks).
         A :class:`RootStored` op is skipped when the replica already holds its whole chain.
         """
+        (res,) = await self.apply_batches(group, replica, [BatchOps(ops, stream, seq, ts, force)])
+        return res
+
+    async def apply_batches(
+        self, group: str, replica: str, batches: Iterable[BatchOps], *, max_blocks: int | None = None
+    ) -> list[ApplyResult]:
+        """Apply several batches of one replica in order, each as :meth:`apply_batch` would, in as few round
+        trips as ``max_blocks`` (hashes per script call, :data:`APPLY_CALL_BLOCKS` by default: one script
+        blocks Redis's other clients while it runs) allows; one call per batch above that. Returns one result
+        per batch, in order. A call that fails raises: the calls before it are applied, the rest are not."""
         k = self._k(group)
-        args: list[bytes | str] = [
-            k.rev_prefix, replica, stream or replica, str(seq), repr(float(ts)), "1" if force else "0"
-        ]
-        args.extend(_encode_ops(ops))
+        limit = self.apply_call_blocks if max_blocks is None else max_blocks
         if group not in self._registered:
             await self._register(group)
+        out: list[ApplyResult] = []
+        args: list[bytes | str] = [k.rev_prefix, replica]
+        blocks = 0
+        for b in batches:
+            ops, n = _encode_ops(b.ops)
+            if blocks and blocks + n > limit:
+                out += await self._apply_call(group, k, args)
+                args, blocks = [k.rev_prefix, replica], 0
+            args += (b.stream or replica, str(b.seq), repr(float(b.ts)), "1" if b.force else "0", str(len(ops)))
+            args += ops
+            blocks += n
+        if len(args) > 2:
+            out += await self._apply_call(group, k, args)
+        return out
+
+    async def _apply_call(self, group: str, k: _GroupKeys, args: list[bytes | str]) -> list[ApplyResult]:
         self.round_trips += 1
-        res = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, k.retired], args=args)
-        out = ApplyResult(ApplyStatus(_text(res[0])), int(res[1]), int(res[2]), int(res[3]), int(res[4]))
-        if out.purged:
+        flat = await self._apply(keys=[k.blocks, k.ids, k.names, k.streams, k.retired], args=args)
+        out = [
+            ApplyResult(ApplyStatus(_text(flat[i])), int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]),
+                        int(flat[i + 4]))
+            for i in range(0, len(flat), 5)
+        ]
+        if any(r.purged for r in out):
             self.start_sweep(group)
         return out
 

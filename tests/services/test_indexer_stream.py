@@ -1,4 +1,5 @@
-"""The indexer's event stream against a real ``redis-server``: malformed events and undecodable batches.
+"""The indexer's event stream against a real ``redis-server``: malformed events, undecodable batches, and
+bursts of batches sent to Redis together.
 
 A real vLLM engine cannot be made to publish a malformed event, so the publisher is the test's own ZMQ
 PUB + replay ROUTER speaking vLLM's wire protocol (``tests.vllm.test_subscriber.FakePublisher``).
@@ -18,7 +19,7 @@ import zmq.asyncio
 from litellm_kv.index.base import ReplicaMatch
 from litellm_kv.index.redis import RedisIndex
 from litellm_kv.services.indexer.stream import EventStream
-from tests.vllm.test_subscriber import TOPIC, FakePublisher, batch, stored, until
+from tests.vllm.test_subscriber import TOPIC, FakePublisher, batch, removed, stored, until
 from tools.harness.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -89,3 +90,35 @@ async def test_index_exactness_purges_on_a_batch_that_cannot_be_decoded(
     await until(lambda: stream.stats.last_seq == 2)
     assert stream.stats.bad_payloads == 1 and stream.stats.gaps == 0
     assert await index.lookup(G, [5]) == {R: ReplicaMatch(gpu=1)}
+
+
+async def test_queued_batches_go_to_redis_together_and_in_order(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    """A burst queued on the socket is applied in a few round trips, each batch judged in order: a block
+    stored in one batch and evicted in a later one of the same call is gone, its successor held."""
+    pub, stream, index = setup
+    before = index.round_trips
+    n = 120
+    for i in range(n):  # the stream task cannot run in between: every batch is queued before it reads
+        await pub.publish(batch(stored([1000 + i], parent=999 + i if i else None), removed([999 + i])))
+    time.sleep(0.3)  # (blocking on purpose) let ZMQ's I/O thread move the burst into the SUB queue
+    await until(lambda: stream.stats.last_seq == n - 1)
+    assert index.round_trips - before <= 6
+    assert stream.stats.gaps == 0 and stream.stats.resyncs == 0
+    assert await index.lookup(G, [1000 + n - 1]) == {R: ReplicaMatch(gpu=1)}
+    assert await index.lookup(G, [1000 + n - 2]) == {}
+    assert await index.size(G) == 1
+
+
+async def test_a_lost_batch_inside_a_burst_is_replayed(
+    setup: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    """Batches after a hole in one call are gaps: the stream replays from the hole and ends exact."""
+    pub, stream, index = setup
+    for i in range(30):  # batch 12 never reaches the SUB socket
+        await pub.publish(batch(stored([2000 + i], parent=1999 + i if i else None)), live=i != 12)
+    time.sleep(0.3)  # (blocking on purpose) the whole burst is queued before the stream reads it
+    await until(lambda: stream.stats.last_seq == 29)
+    assert stream.stats.gaps >= 1 and stream.stats.resyncs == 0
+    assert await index.lookup(G, [2000 + i for i in range(30)]) == {R: ReplicaMatch(gpu=30)}

@@ -1,5 +1,6 @@
 """KV-event decoding: the shared 0.33.0 vectors, payloads encoded by vLLM 0.32.0's own structs
-and msgspec (map and old positional encodings), and a fuzz test of the error contract."""
+and msgspec (map and old positional encodings), and a fuzz test of the error contract. The typed (fast)
+decoder must take what today's engines send and agree with the general one wherever that one decodes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from litellm_kv.vllm.events import (
     MalformedEvent,
     UnknownEvent,
     decode_event_batch,
+    decode_event_batch_general,
+    decode_event_batch_typed,
     to_block_ops,
 )
 from litellm_kv.vllm.hashing import BlockHasher
@@ -79,6 +82,13 @@ def test_vector_dp_rank_none_and_raw_bytes_hashes() -> None:
     assert stored.block_hashes == (raw,)
     assert stored.wire_block_hashes == (3262291359910021016,)
     assert to_block_ops(stored) == [BlockOp((3262291359910021016,), Tier.GPU, 1)]
+
+
+@pytest.mark.parametrize("name", ["KVEventBatch_dp0_all", "KVEventBatch_dp_None", "KVEventBatch_dp1_raw_bytes_hashes"])
+def test_typed_decoder_takes_the_vector_batches_and_agrees(name: str) -> None:
+    payload = _vector_batch(name)
+    typed = decode_event_batch_typed(payload)
+    assert typed is not None and typed == decode_event_batch_general(payload)
 
 
 def test_single_event_payload_is_not_a_batch() -> None:
@@ -221,6 +231,10 @@ def test_decode_vllm_encoded_batches(case: dict[str, Any], encoded: dict[int, by
             assert ops[0].delta == (1 if isinstance(event, BlockStored) else -1)
         if isinstance(event, BlockStored) and event.parent_block_hash is not None:
             assert event.wire_parent_block_hash == _wire(event.parent_block_hash)
+    # Today's map encoding is read by the typed structs (the fast path), to the same events.
+    typed = decode_event_batch_typed(encoded[case["id"]])
+    assert (typed is None) == case["positional"]
+    assert typed is None or typed == decode_event_batch_general(encoded[case["id"]]) == batch
 
 
 # -- forward compatibility ------------------------------------------------------------------
@@ -338,6 +352,14 @@ def _decode_or_error(payload: bytes) -> None:
         # The catch-all inside the decoder is a safety net; the explicit checks should
         # already name what is wrong.
         assert not str(exc).startswith("malformed batch:"), exc
+    # Where the general decoder decodes, the typed one gives the same events or defers (repr: NaN != NaN).
+    try:
+        general = repr(decode_event_batch_general(payload))
+    except EventDecodeError:
+        general = None
+    typed = decode_event_batch_typed(payload)
+    if general is not None and typed is not None:
+        assert repr(typed) == general
     with contextlib.suppress(EventDecodeError):  # only the envelope may fail; nothing else escapes
         decode_event_batch(payload, keep_valid=True)
 

@@ -1,8 +1,10 @@
 """One KV-event stream (a replica's data-parallel rank) fed into the shared Redis index.
 
 Unlike the embedded subscriber, the position in the stream lives in Redis, not in this process:
-each batch goes through :meth:`RedisIndex.apply_batch`, which applies it only if it is the next
-``seq`` of the stream. That single rule gives all the recovery paths:
+each batch goes through :meth:`RedisIndex.apply_batches`, which applies it only if it is the next
+``seq`` of the stream. Batches already queued on the socket when one arrives (a busy engine, a replay)
+go in the same call, so one round trip carries many batches; each is still judged alone, in order.
+That single rule gives all the recovery paths:
 
 * **indexer restart** (or a second indexer starting): read the last applied ``seq`` from Redis,
   ask the engine's replay socket for everything after it, then follow live batches; batches the
@@ -36,12 +38,13 @@ import zmq
 import zmq.asyncio
 from redis.exceptions import RedisError
 
-from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, RedisIndex, RootStored
+from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, BatchOps, RedisIndex, RootStored
 from litellm_kv.observability import counter, gauge
 from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.events import (
     AllBlocksCleared,
     BlockStored,
+    EventBatch,
     EventDecodeError,
     MalformedEvent,
     decode_event_batch,
@@ -82,6 +85,7 @@ CONNECTED = gauge(
 )
 
 EventCheck = Callable[[BlockStored], None]
+MAX_BATCHES_PER_CALL = 256  # queued batches sent to Redis together at most (RedisIndex.apply_call_blocks bounds a call)
 
 
 @dataclass(slots=True)
@@ -128,6 +132,7 @@ class EventStream:
         check: EventCheck | None = None,
         replay_timeout_s: float = 5.0,
         backoff_max_s: float = 5.0,
+        max_batches_per_call: int = MAX_BATCHES_PER_CALL,
     ) -> None:
         self.index = index
         self.ctx = ctx
@@ -136,6 +141,7 @@ class EventStream:
         self.topic, self.bind = topic, bind
         self.check = check  # sees every BlockStored (it samples itself)
         self.replay_timeout_s, self.backoff_max_s = replay_timeout_s, backoff_max_s
+        self.max_batches_per_call = max_batches_per_call
         self.stats = StreamStats(stream, endpoint, replay_endpoint)
         self._last_batch = 0.0
         self._rng = random.Random()
@@ -224,19 +230,29 @@ class EventStream:
     async def _follow(self) -> None:
         assert self._sub is not None
         while True:
-            try:
-                msg = parse_event_message(await self._sub.recv_multipart())
-            except WireError:
-                self.stats.bad_payloads += 1
-                continue
-            seq = msg.seq
-            res = await self._apply(seq, msg.payload)
-            if res is not None and res.status is ApplyStatus.GAP:
+            frames = [await self._sub.recv_multipart()]
+            # What else is queued goes to Redis in the same round trip (none is waited for).
+            while len(frames) < self.max_batches_per_call:
+                try:
+                    frames.append(await self._sub.recv_multipart(flags=zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            items: list[tuple[int, bytes, bool]] = []
+            for f in frames:
+                try:
+                    msg = parse_event_message(f)
+                except WireError:
+                    self.stats.bad_payloads += 1
+                    continue
+                items.append((msg.seq, msg.payload, False))
+            results = await self._apply_many(items)
+            if any(r.status is ApplyStatus.GAP for r in results):
+                last = results[-1].last_seq  # Redis's position after the whole call
                 self.stats.gaps += 1
                 GAPS.labels(*self._labels).inc()
-                log.info("indexer %s: gap before seq %d (Redis has %d); replaying", self.stats.stream, seq,
-                         res.last_seq)
-                await self._replay(res.last_seq + 1)
+                log.info("indexer %s: gap before seq %d (Redis has %d); replaying", self.stats.stream,
+                         items[-1][0], last)
+                await self._replay(last + 1)
 
     async def _replay(self, start: int) -> None:
         """Apply the engine's buffered batches from ``start``; a hole in them is a forced resync."""
@@ -246,19 +262,51 @@ class EventStream:
             self._force_next = True
             return
         expected = start
+        items: list[tuple[int, bytes, bool]] = []
         for seq, payload in batches:
             if seq < expected:
                 continue
-            await self._apply(seq, payload, force=seq != expected)
+            items.append((seq, payload, seq != expected))
             expected = seq + 1
+        for i in range(0, len(items), self.max_batches_per_call):
+            await self._apply_many(items[i : i + self.max_batches_per_call])
 
-    async def _apply(self, seq: int, payload: bytes, *, force: bool = False) -> ApplyResult | None:
-        self.stats.batches_seen += 1
+    async def _apply_many(self, items: list[tuple[int, bytes, bool]]) -> list[ApplyResult]:
+        """Decode ``(seq, payload, force)`` batches and apply them in order, in as few round trips as
+        :meth:`RedisIndex.apply_batches` takes; one result per batch."""
+        if not items:
+            return []
+        specs: list[BatchOps] = []
+        decoded: list[EventBatch | None] = []
+        for seq, payload, force in items:
+            self.stats.batches_seen += 1
+            if self._force_next:
+                force, self._force_next = True, False
+            try:
+                batch = decode_event_batch(payload, keep_valid=True)
+            except EventDecodeError as exc:
+                # Its events (removals, perhaps) are unknown: the replica is purged and re-learned, and the seq
+                # is consumed (a replay would bring the same bytes). ts 0: its real time is unknown, and a low
+                # one errs safe (a later batch with a lower seq reads as an engine restart, which purges; a high
+                # one could hide a real restart).
+                self.stats.bad_payloads += 1
+                self.stats.last_error = f"bad payload at seq {seq}: {exc}"
+                BATCHES.labels(*self._labels, "bad").inc()
+                specs.append(BatchOps([CLEAR], self.stats.stream, seq, 0.0, force))
+                decoded.append(None)
+                continue
+            specs.append(BatchOps(self._ops(seq, batch), self.stats.stream, seq, batch.ts, force))
+            decoded.append(batch)
         self._last_batch = time.monotonic()
-        try:
-            batch = decode_event_batch(payload, keep_valid=True)
-        except EventDecodeError as exc:
-            return await self._apply_undecodable(seq, exc, force=force)
+        results = await self.index.apply_batches(self.group, self.replica, specs)
+        for spec, known, res in zip(specs, decoded, results, strict=True):
+            if known is None:
+                self._record_undecodable(spec.seq, res)
+            else:
+                self._record(spec.seq, known, res, spec.force)
+        return results
+
+    def _ops(self, seq: int, batch: EventBatch) -> list[ApplyOp]:
         ops: list[ApplyOp] = []
         for ev in batch.events:
             if isinstance(ev, MalformedEvent):
@@ -281,11 +329,9 @@ class EventStream:
                     self.check(ev)
                 except Exception as exc:  # a broken check must never stop indexing
                     self.stats.last_error = f"exactness check failed to run: {exc!r}"
-        if self._force_next:
-            force, self._force_next = True, False
-        res = await self.index.apply_batch(
-            self.group, self.replica, ops, stream=self.stats.stream, seq=seq, ts=batch.ts, force=force
-        )
+        return ops
+
+    def _record(self, seq: int, batch: EventBatch, res: ApplyResult, force: bool) -> None:
         BATCHES.labels(*self._labels, res.status.value).inc()
         if res.status in (ApplyStatus.APPLIED, ApplyStatus.RESTART):
             self.stats.events_applied += len(batch.events)
@@ -303,29 +349,15 @@ class EventStream:
             RESYNCS.labels(*self._labels).inc()
             log.warning("indexer %s: replica purged and re-learning (seq %d, %d entries dropped, %s)",
                         self.stats.stream, seq, res.purged, "forced" if force else "engine restarted")
-        return res
 
-    async def _apply_undecodable(self, seq: int, exc: EventDecodeError, *, force: bool) -> ApplyResult:
-        """A batch that cannot be decoded at all: its events (removals among them, perhaps) are unknown, so
-        the replica is purged and re-learned, and the seq is consumed (a replay would bring the same bytes)."""
-        self.stats.bad_payloads += 1
-        self.stats.last_error = f"bad payload at seq {seq}: {exc}"
-        BATCHES.labels(*self._labels, "bad").inc()
-        if self._force_next:
-            force, self._force_next = True, False
-        # ts 0: its real time is unknown, and a low one errs safe (a later batch with a lower seq reads as an
-        # engine restart, which purges; a high one could hide a real restart).
-        res = await self.index.apply_batch(
-            self.group, self.replica, [CLEAR], stream=self.stats.stream, seq=seq, ts=0.0, force=force
-        )
+    def _record_undecodable(self, seq: int, res: ApplyResult) -> None:
         if res.status in (ApplyStatus.APPLIED, ApplyStatus.RESTART):
             self.stats.last_seq = res.last_seq
             LAST_SEQ.labels(*self._labels, self.stats.stream).set(res.last_seq)
             self.stats.resyncs += 1
             RESYNCS.labels(*self._labels).inc()
             log.warning("indexer %s: batch %d could not be decoded: replica purged and re-learning (%s)",
-                        self.stats.stream, seq, exc)
-        return res
+                        self.stats.stream, seq, self.stats.last_error)
 
     async def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
         """Ask the ROUTER for batches from ``start``; None when it does not answer in time."""
