@@ -1,7 +1,8 @@
 """Image placeholder expansion, block extra keys and identifiers (litellm_kv.vllm.multimodal).
 
 The engine-side proof (the same hashes as a real vision-language engine's KV events) is
-tests/vllm/test_vl_engine_hashes.py; these check the expansion logic on its own.
+tests/vllm/test_vl_engine.py (test_predicted_hashes_and_hits_equal_the_engine); these check the
+expansion logic on its own.
 """
 
 from __future__ import annotations

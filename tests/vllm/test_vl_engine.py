@@ -12,6 +12,7 @@ placeholder run carries ``(identifier, offset from the block start)`` in its eve
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import json
 import subprocess
@@ -26,8 +27,19 @@ import pytest
 import zmq
 from PIL import Image
 
+from litellm_kv.governance.images import image_info
 from litellm_kv.governance.vision import visual_tokens
-from litellm_kv.vllm.events import BlockStored, decode_event_batch
+from litellm_kv.vllm.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_event_batch
+from litellm_kv.vllm.hashing import BlockHasher, predicted_hit_tokens, wire_from_event_hash
+from litellm_kv.vllm.multimodal import (
+    ExpandedPrompt,
+    ImageItem,
+    event_extra_keys,
+    expand_images,
+    image_block_hashes,
+    image_identifier,
+)
+from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness.engines import SERVED_NAME, VL_ENGINE_PY, EngineReplica, start_vl_replica
 
 pytestmark = [pytest.mark.engine]
@@ -43,6 +55,7 @@ class Events:
     """BlockStored events of one replica, collected by a SUB socket on a thread."""
 
     stored: list[BlockStored] = field(default_factory=list)
+    log: list[Any] = field(default_factory=list)  # every event, in order (stored, removed, cleared)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -54,8 +67,10 @@ class Events:
             while not self.stop.is_set():
                 if sock.poll(100):
                     _topic, _seq, payload = sock.recv_multipart()
+                    batch = decode_event_batch(payload).events
                     with self.lock:
-                        self.stored += [e for e in decode_event_batch(payload).events if isinstance(e, BlockStored)]
+                        self.log += batch
+                        self.stored += [e for e in batch if isinstance(e, BlockStored)]
         finally:
             sock.close(0)
 
@@ -75,6 +90,20 @@ class Events:
     def count(self) -> int:
         with self.lock:
             return len(self.stored)
+
+    def held(self) -> set[int]:
+        """The wire hashes the replica holds now, replayed from its events."""
+        out: set[int] = set()
+        with self.lock:
+            log = list(self.log)
+        for ev in log:
+            if isinstance(ev, BlockStored):
+                out.update(wire_from_event_hash(h) for h in ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                out.difference_update(wire_from_event_hash(h) for h in ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                out.clear()
+        return out
 
 
 @dataclass
@@ -263,3 +292,156 @@ def test_identifiers_are_vllm_hasher_digests(vl: VL) -> None:
         check=True, capture_output=True, text=True, timeout=120)
     assert seen == json.loads(out.stdout.strip().splitlines()[-1])
     assert seen[3] == "client-id-8" and len(set(seen)) == 4
+
+
+# -- Predicted block hashes for requests with images (litellm_kv.vllm.multimodal) --------------------
+
+PAD_TOKEN = "<|image_pad|>"
+
+
+@dataclass(frozen=True)
+class Img:
+    """A generated PNG; the proxy would set ``uuid = image_identifier(bytes)`` on its part."""
+
+    w: int
+    h: int
+    colour: tuple[int, int, int]
+
+    @property
+    def raw(self) -> bytes:
+        return png(self.w, self.h, self.colour)
+
+    def part(self, url: str | None = None) -> dict[str, Any]:
+        raw = self.raw
+        url = url or "data:image/png;base64," + base64.b64encode(raw).decode()
+        return {"type": "image_url", "image_url": {"url": url}, "uuid": image_identifier(raw)}
+
+
+@dataclass
+class Predictor:
+    """What litellm-kv computes for a request: the engine's prompt ids, block hashes and hit."""
+
+    tokenizer: LocalChatTokenizer
+    hasher: BlockHasher
+    pad_id: int
+
+    def predict(self, messages: list[dict[str, Any]]) -> tuple[ExpandedPrompt, list[int]]:
+        items = [ImageItem(image_identifier(_part_bytes(p)), visual_tokens("qwen2_5_vl", *_part_size(p)))
+                 for m in messages if isinstance(m["content"], list) for p in m["content"]
+                 if p.get("type") == "image_url"]
+        prompt = expand_images(self.tokenizer.chat_tokens(messages), self.pad_id, items)
+        return prompt, image_block_hashes(self.hasher, prompt)
+
+
+_SENT: dict[str, bytes] = {}  # identifier -> bytes of every image the tests sent (URL parts carry no data)
+
+
+def _part_bytes(part: dict[str, Any]) -> bytes:
+    url = part["image_url"]["url"]
+    if url.startswith("data:"):
+        return base64.b64decode(url.split(",", 1)[1])
+    return _SENT[part["uuid"]]
+
+
+def _part_size(part: dict[str, Any]) -> tuple[int, int]:
+    info = image_info(_part_bytes(part))
+    return info.width, info.height
+
+
+@pytest.fixture(scope="module")
+def predictor(vl: VL) -> Predictor:
+    tok = LocalChatTokenizer(vl.engine.model_dir, content_format="openai")
+    pad = tok.encode(PAD_TOKEN)
+    assert len(pad) == 1
+    return Predictor(tok, BlockHasher("sha256", block_size=BLOCK), pad[0])
+
+
+@pytest.fixture(scope="module")
+def url_server() -> Iterator[tuple[str, dict[str, bytes]]]:
+    """A local HTTP server the engine fetches image URLs from (``/<name>.png``)."""
+    files: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = files.get(self.path.lstrip("/"))
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", files
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def _user(*parts: Any) -> dict[str, Any]:
+    return {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]}
+
+
+def test_predicted_hashes_and_hits_equal_the_engine(vl: VL, predictor: Predictor,
+                                                    url_server: tuple[str, dict[str, bytes]]) -> None:
+    """For each request (text only, one image, several, the same image twice, at another position, on a
+    later turn, by URL, other sizes), sent with the proxy-style ``uuid`` on every image part: the
+    predicted prompt length and visual count equal the engine's usage, the predicted block hashes of the
+    blocks the engine newly stores equal its ``BlockStored`` hashes (and extra keys), and the predicted
+    hit, from the blocks the engine's events say it holds, equals ``cached_tokens``."""
+    base, files = url_server
+    a, b, c = Img(448, 448, (10, 20, 30)), Img(112, 84, (40, 50, 60)), Img(300, 700, (70, 80, 90))
+    d, e = Img(640, 480, (11, 22, 33)), Img(1001, 37, (44, 55, 66))
+    for img in (a, b, c, d, e):
+        _SENT[image_identifier(img.raw)] = img.raw
+    files["a.png"] = a.raw
+    text = "describe the picture in detail please " * 3
+    more = "and then compare it with the previous one, carefully " * 2
+    convs: list[list[dict[str, Any]]] = [
+        [_user("just text, no image at all. " * 6)],
+        [_user("just text, no image at all. " * 6, more)],
+        [_user(a.part(), text)],
+        [_user(a.part(), text)],  # repeated
+        [_user(a.part(), text, more)],  # extended
+        [_user(text, a.part())],  # the same image at another position
+        [_user(a.part(), b.part(), c.part(), text)],  # several images
+        [_user(a.part(), b.part(), c.part(), text), {"role": "assistant", "content": "three"}, _user(more)],
+        [_user(b.part(), b.part(), text)],  # the same image twice, both runs in one block
+        [_user(b.part(), b.part(), b.part(), more)],
+        [_user(d.part(), text)],
+        [_user(e.part(), text)],
+        [_user(e.part(), d.part(), text)],
+        [_user(a.part(base + "/a.png"), text)],  # the same bytes by URL: hits the inline request's blocks
+        [_user(a.part(), text), {"role": "assistant", "content": "a square"}, _user(c.part(), more)],  # turn 2
+        [_user(a.part(), "a second turn follows"), {"role": "assistant", "content": "ok"}, _user(c.part(), more)],
+    ]
+    results = []
+    for messages in convs:
+        prompt, predicted = predictor.predict(messages)
+        held = vl.events.held()
+        leading = next((i for i, h in enumerate(predicted) if h not in held), len(predicted))
+        n0 = vl.events.count()
+        resp = vl.http.post(vl.engine.url + "/v1/chat/completions",
+                            json={"model": SERVED_NAME, "max_tokens": 2, "messages": messages})
+        assert resp.status_code == 200, resp.text
+        usage = resp.json()["usage"]
+        stored = vl.events.since(n0)
+        new = [wire_from_event_hash(h) for ev in stored for h in ev.block_hashes]
+        new_keys = image_keys(stored)
+        n_full = len(prompt.token_ids) // BLOCK
+        visual = sum(f.length for f in prompt.features)
+        assert usage["prompt_tokens"] == len(prompt.token_ids)
+        assert usage["prompt_tokens_details"]["multimodal_tokens"] == ({"image": visual} if visual else None)
+        assert new[: n_full - leading] == predicted[leading:n_full]
+        assert new_keys[: n_full - leading] == event_extra_keys(prompt.features, len(prompt.token_ids), BLOCK)[leading:]
+        hit = predicted_hit_tokens(leading, len(prompt.token_ids), BLOCK)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == hit
+        results.append(hit)
+    print(f"\n[vl] {len(convs)} requests, predicted hits equal cached_tokens on all: {results}")
+    # The cases are not vacuous: repeats, extensions, the URL request and resent turns hit the cache.
+    assert results[3] > 0 and results[4] > 0 and results[7] > 0 and results[13] > 0 and results[14] > 0
