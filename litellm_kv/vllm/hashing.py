@@ -209,7 +209,7 @@ class BlockHasher:
         else:
             self.none_hash = self._digest(self._dumps(seed))
             self.exact_possible = True
-        # Prefix memo: (parent hash, block tokens, LoRA key) as one bytes key -> the block's hash.
+        # Prefix memo: (parent hash, block tokens, LoRA key, mm items) as one bytes key -> the block's hash.
         # Two generations give an approximate LRU with O(1) upkeep: when the young generation
         # holds half the bound it becomes the old one and the previous old one is dropped, so at
         # most memo_tokens / hash_block_size blocks are held in all (plus a dropped generation
@@ -324,7 +324,8 @@ class BlockHasher:
         if packed is None:
             native = None
         memo_on = packed is not None and limit > 0
-        # Memo keys are bytes: parent hash + the block's tokens as fixed-width uint32 + the LoRA key.
+        # Memo keys are bytes: parent hash + the block's tokens as fixed-width uint32 + the LoRA key + the
+        # block's mm items (_mm_memo_tag).
         # Bytes keys and values are not tracked by the garbage collector, so the memo never adds to
         # a collection's walk (a memo of tuples did: they stayed young, and tracked, until a gen-0
         # collection met them, by then so many that the pause set the decision's p99; docs/hashing.md).
@@ -339,17 +340,24 @@ class BlockHasher:
         parent = self.none_hash
         for start in range(0, n_full, step):
             end = start + step
-            if start < keyed_until:  # per-block keys: hashed directly, never memoised
+            extra: ExtraKeys = plain_keys
+            mm_tag = b""
+            keyed = start < keyed_until
+            if keyed:  # per-block keys (mm items, the salt on block 0)
                 mm_keys, mm_idx = _mm_keys(mm, start, end, mm_idx) if mm else ((), mm_idx)
                 salt_keys = ((_TAG_SALT, cache_salt),) if cache_salt and start == 0 else ()
-                extra: ExtraKeys = (lora_keys + mm_keys + salt_keys) or None
-                parent = digest(dumps((parent, tuple(token_ids[start:end]), extra)))
-                append(parent)
-                continue
+                extra = (lora_keys + mm_keys + salt_keys) or None
+                if salt_keys or not memo_on:  # the salted block is hashed directly, never memoised
+                    parent = digest(dumps((parent, tuple(token_ids[start:end]), extra)))
+                    append(parent)
+                    continue
+                # A block an image overlaps is memoised under its items' values too (a resent image
+                # conversation then rehashes none of its image blocks).
+                mm_tag = _mm_memo_tag(mm_keys)
             key = b""
             child = None
             if memo_on:
-                key = parent + packed[start * 4 : start * 4 + width] + tag  # type: ignore[index]
+                key = parent + packed[start * 4 : start * 4 + width] + tag + mm_tag  # type: ignore[index]
                 if seen:
                     child = memo_new.get(key)
                     if child is not None:
@@ -359,7 +367,7 @@ class BlockHasher:
                     child = memo_old.get(key)  # found: promoted to the young generation below
                     # Once a block misses, its hash is new, so the blocks after it miss too: only insert.
                     seen = child is not None
-            if child is None and native is not None:
+            if child is None and native is not None and not keyed:
                 rest = native(parent, packed[start * 4 : n_full * 4], step)  # type: ignore[index]
                 if rest is not None:
                     if memo_on:
@@ -375,7 +383,7 @@ class BlockHasher:
                     break
                 native = None  # a token the native encoder does not take (>= 2**31): Python from here
             if child is None:
-                child = digest(dumps((parent, tuple(token_ids[start:end]), plain_keys)))
+                child = digest(dumps((parent, tuple(token_ids[start:end]), extra)))
             if memo_on:
                 memo_new[key] = child
                 size += 1
@@ -432,6 +440,19 @@ def _mm_keys(mm: Sequence[MMFeature], start: int, end: int, idx: int) -> tuple[t
         else:
             break
     return tuple(keys), idx
+
+
+def _mm_memo_tag(mm_keys: tuple[tuple[Any, ...], ...]) -> bytes:
+    """A block's mm items as memo-key bytes: ``\\x01``, then per item the identifier's UTF-8 bytes,
+    length-prefixed, and its offset; empty for a block no item overlaps (its hash is the plain one).
+    The hash depends on these values only (the identifiers are written as distinct objects)."""
+    if not mm_keys:
+        return b""
+    parts = [b"\x01"]
+    for _tag, ident, offset in mm_keys:
+        raw = ident.encode("utf-8", "surrogatepass")
+        parts += (len(raw).to_bytes(4, "little"), raw, offset.to_bytes(8, "little", signed=True))
+    return b"".join(parts)
 
 
 def _fresh_str(value: str) -> str:

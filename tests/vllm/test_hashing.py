@@ -211,8 +211,8 @@ def test_shared_prefix_fanout() -> None:
 
 
 def test_memo_keeps_lora_salt_and_mm_apart() -> None:
-    """The memo's key holds the LoRA key; per-block keys (salt, mm items) are never memoised: the same
-    tokens under another adapter, salt or image must not get the memoised hash of the plain prompt."""
+    """The memo's key holds the LoRA key and a block's mm items; the salted block is never memoised: the
+    same tokens under another adapter, salt, image or image offset must not get another variant's hash."""
     rng = random.Random(3)
     toks = [rng.randrange(150000) for _ in range(16 * 12)]
     h = BlockHasher("sha256", 16)
@@ -227,6 +227,10 @@ def test_memo_keeps_lora_salt_and_mm_apart() -> None:
         {"cache_salt": "tenant-1", "lora": ("a", "/adapters/a")},
         {"mm": image},
         {"mm": image, "cache_salt": "tenant-2"},
+        {"mm": [MMFeature("img-b", 20, 40)]},
+        {"mm": [MMFeature("img-a", 21, 40)]},
+        {"mm": [MMFeature("img-a", 20, 40), MMFeature("img-a", 60, 30)]},
+        {"mm": [MMFeature("img-a", 20, 40)], "lora": ("a", "/adapters/a")},
     ]
     for _ in range(2):  # the second round is served by the memo where it may be
         chains = []
@@ -309,3 +313,20 @@ def test_native_and_python_paths_agree_with_memo_salt_lora_and_mm() -> None:
         for kw in ({}, {"cache_salt": "t"}, {"mm": image}, {"lora": ("a", "/p")}):
             assert native.block_hashes(toks, **kw) == python.block_hashes(toks, **kw)  # type: ignore[arg-type]
         base = toks
+
+
+def test_image_blocks_are_memoised_and_salted_block_is_not() -> None:
+    """A resent image conversation rehashes none of its image blocks: every block an item overlaps is
+    held by the memo (and served from it, equal to the unmemoised chain); the salted block 0 is not."""
+    rng = random.Random(11)
+    toks = [rng.randrange(150000) for _ in range(16 * 10)]
+    image = [MMFeature("img", 5, 100), MMFeature("img", 120, 20)]
+    h = BlockHasher("sha256", 16)
+    ref = BlockHasher("sha256", 16, memo_tokens=0)
+    first = h.block_hashes(toks, mm=image)
+    assert h.memo_size() == 10
+    assert h.block_hashes(toks, mm=image) == first == ref.block_hashes(toks, mm=image)
+    assert h.memo_size() == 10
+    h.clear_memo()
+    assert h.block_hashes(toks, mm=image, cache_salt="s") == ref.block_hashes(toks, mm=image, cache_salt="s")
+    assert h.memo_size() == 9
