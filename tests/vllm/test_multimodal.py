@@ -13,9 +13,14 @@ import pytest
 
 from litellm_kv.vllm.hashing import BlockHasher, MMFeature
 from litellm_kv.vllm.multimodal import (
+    _B3_MEMO,
+    _B3_MEMO_SIZE,
     ExpandedPrompt,
+    IdentifierUnavailable,
     ImageExpansionError,
     ImageItem,
+    blake3_hex,
+    engine_identifier,
     event_extra_keys,
     expand_images,
     image_block_hashes,
@@ -72,3 +77,54 @@ def test_identifier_is_the_sha256_of_the_bytes() -> None:
     ident = image_identifier(raw)
     assert ident == "sha256:" + hashlib.sha256(raw).hexdigest()
     assert image_identifier(bytearray(raw)) == ident and image_identifier(raw + b"\x00") != ident
+
+
+@pytest.mark.parametrize(("data", "want"), [
+    # BLAKE3's published test vectors (input byte i is i % 251) and the hash of "abc".
+    (b"", "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"),
+    (b"abc", "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"),
+    (bytes(i % 251 for i in range(1024)), "42214739f095a406f3fc83deb889744ac00df831c10daa55189b5d121c855af7"),
+])
+def test_blake3_vectors(data: bytes, want: str) -> None:
+    assert blake3_hex(data) == want
+
+
+def test_blake3_refuses_more_than_one_chunk() -> None:
+    with pytest.raises(IdentifierUnavailable):
+        blake3_hex(bytes(1025))
+
+
+def test_engine_identifier_without_kwargs_is_the_uuid() -> None:
+    for kwargs in (None, {}, {"videos_kwargs": {"fps": 1}, "audio_kwargs": {}}):
+        assert engine_identifier("sha256:ab", "/m", kwargs) == "sha256:ab"
+    with_kwargs = engine_identifier("sha256:ab", "/m", {"max_pixels": 50_000})
+    assert len(with_kwargs) == 64 and with_kwargs != engine_identifier("sha256:ab", "/m", {"max_pixels": 50_001})
+    assert with_kwargs != engine_identifier("sha256:ab", "/other", {"max_pixels": 50_000})
+    assert len(engine_identifier("sha256:ab", "/m", {"max_pixels": 1}, "sha512")) == 128
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_pixels": 2**63}, {"x": object()}, {"x": "\ud800"}, {"x": "y" * 2000}, {"x": "nested"},
+])
+def test_engine_identifier_refuses_what_it_cannot_reproduce(kwargs: dict[str, object]) -> None:
+    if kwargs == {"x": "nested"}:
+        kwargs = {"x": _nested(40)}
+    with pytest.raises(IdentifierUnavailable):
+        engine_identifier("u", "/m", kwargs)
+    with pytest.raises(IdentifierUnavailable):
+        engine_identifier("u", "/m", {"max_pixels": 1}, "md5")
+
+
+def _nested(depth: int) -> list[object]:
+    out: list[object] = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+def test_blake3_identifiers_are_remembered_within_a_bound() -> None:
+    first = engine_identifier("u", "/m", {"max_pixels": 7})
+    for i in range(_B3_MEMO_SIZE + 10):
+        engine_identifier("u", "/m", {"max_pixels": 1000 + i})
+    assert len(_B3_MEMO) <= _B3_MEMO_SIZE
+    assert engine_identifier("u", "/m", {"max_pixels": 7}) == first  # recomputed after being dropped

@@ -15,11 +15,13 @@ import base64
 import http.server
 import io
 import json
+import os
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -445,3 +447,80 @@ def test_predicted_hashes_and_hits_equal_the_engine(vl: VL, predictor: Predictor
     print(f"\n[vl] {len(convs)} requests, predicted hits equal cached_tokens on all: {results}")
     # The cases are not vacuous: repeats, extensions, the URL request and resent turns hit the cache.
     assert results[3] > 0 and results[4] > 0 and results[7] > 0 and results[13] > 0 and results[14] > 0
+
+
+# Runs in the vision-language engine venv (it has blake3 and vLLM): litellm_kv's engine_identifier beside
+# vLLM's own MultiModalHasher, for each case.
+KWARGS_ORACLE = r"""
+import json, sys
+from vllm.multimodal.hasher import MultiModalHasher
+from vllm.multimodal.processing.inputs import _HF_MODALITY_PROCESSOR_KWARGS as SCOPED
+from litellm_kv.vllm.multimodal import engine_identifier
+model, cases = sys.argv[1], json.loads(sys.argv[2])
+out = []
+for algo, uuid, kwargs in cases:
+    ours = engine_identifier(uuid, model, kwargs, algo)
+    # get_mm_hashes for an image: other modalities' scoped keys dropped; no factors left -> the uuid.
+    kept = {k: v for k, v in kwargs.items() if k not in SCOPED.values() or k == SCOPED["image"]}
+    theirs = (MultiModalHasher.hash_kwargs(algo, model_id=model, image=uuid, mm_processor_kwargs=kept)
+              if kept else uuid)
+    out.append([ours, theirs])
+print(json.dumps(out))
+"""
+
+
+def _kwargs_identifiers(model: str, cases: list[list[Any]]) -> list[list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([str(VL_ENGINE_PY), "-c", KWARGS_ORACLE, model, json.dumps(cases)],
+                         check=True, capture_output=True, text=True, timeout=180, env=env)
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_identifier_with_processor_kwargs_equals_the_engine(vl: VL, predictor: Predictor) -> None:
+    """With ``mm_processor_kwargs`` (what the governance downscale sets), ``engine_identifier`` of the
+    proxy's uuid equals vLLM's ``MultiModalHasher`` (blake3, its default, and sha256/sha512) on odd
+    values too, and on the real engine: the predicted hashes of requests with kwargs (the count
+    following ``max_pixels``/``min_pixels``) equal its ``BlockStored`` hashes, and a repeat hits."""
+    model = str(vl.engine.model_dir)
+    img = Img(640, 480, (99, 98, 97))
+    uuid = image_identifier(img.raw)
+    _SENT[uuid] = img.raw
+    odd = [{"max_pixels": 50_000, "flag": True, "scale": 0.5, "neg": -3, "none": None, "name": "ü",
+            "nested": {"a": [1, 2.5, "x", [False]], "b": {}}, "t": []},
+           {"images_kwargs": {"max_pixels": 1}, "videos_kwargs": {"fps": 2}},
+           {"videos_kwargs": {"fps": 2}, "audio_kwargs": {}}]
+    engine_cases = [{"max_pixels": 20_000}, {"min_pixels": 3136, "max_pixels": 50_000},
+                    {"max_pixels": 50_000, "min_pixels": 3136}]
+    cases = [[algo, uuid, kw] for algo in ("blake3", "sha256", "sha512") for kw in odd + engine_cases]
+    pairs = _kwargs_identifiers(model, cases)
+    assert all(ours == theirs for ours, theirs in pairs), pairs
+    blake = {json.dumps(kw): ours for (algo, _u, kw), (ours, _t) in zip(cases, pairs, strict=True) if algo == "blake3"}
+    assert blake[json.dumps(odd[2])] == uuid  # only other modalities' kwargs: no factors, the uuid verbatim
+    assert len(set(blake.values())) == len(blake)
+
+    text = "describe the picture in detail please " * 3
+    seen_ids = set()
+    for kw in engine_cases:
+        ident = blake[json.dumps(kw)]
+        seen_ids.add(ident)
+        messages = [_user(img.part(), text)]
+        count = visual_tokens("qwen2_5_vl", img.w, img.h, min_pixels=kw.get("min_pixels"), max_pixels=kw["max_pixels"])
+        prompt = expand_images(predictor.tokenizer.chat_tokens(messages), predictor.pad_id, [ImageItem(ident, count)])
+        predicted = image_block_hashes(predictor.hasher, prompt)
+        held = vl.events.held()
+        leading = next((i for i, h in enumerate(predicted) if h not in held), len(predicted))
+        for attempt in range(2):
+            n0 = vl.events.count()
+            usage = vl.chat(messages[0]["content"], mm_processor_kwargs=kw)
+            stored = vl.events.since(n0)
+            n_full = len(prompt.token_ids) // BLOCK
+            assert usage["prompt_tokens"] == len(prompt.token_ids)
+            assert usage["prompt_tokens_details"]["multimodal_tokens"] == {"image": count}
+            new = [wire_from_event_hash(h) for ev in stored for h in ev.block_hashes]
+            assert new[: n_full - leading] == predicted[leading:n_full]
+            assert usage["prompt_tokens_details"]["cached_tokens"] == predicted_hit_tokens(
+                leading, len(prompt.token_ids), BLOCK)
+            if attempt == 0:
+                leading = n_full
+    # The two orders of the same kwargs are two identifiers (vLLM hashes the mapping in its order).
+    assert len(seen_ids) == 3
