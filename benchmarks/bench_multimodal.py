@@ -13,7 +13,9 @@ on a resent conversation (the hasher's prefix memo warm):
 * cold: hashing and baseline again with a new hasher (a conversation never seen: image blocks go
   through Python, text through the compiled chain).
 
-Added cost per image = (identifier + expansion + hashing − baseline) / N, warm and cold. Each figure is the median
+Added cost per image = (identifier + expansion + hashing − baseline) / N, warm and cold. A request
+with ``mm_processor_kwargs`` also pays ``engine_identifier`` per image (BLAKE3 in pure Python, and
+SHA-256 for engines run with ``--mm-hasher-algorithm sha256``), timed last. Each figure is the median
 of ``--repeats`` runs of ``--loops`` requests; the spread is the min–max of the runs.
 """
 
@@ -28,7 +30,13 @@ from collections.abc import Callable
 
 from litellm_kv.governance.vision import visual_tokens
 from litellm_kv.vllm.hashing import BlockHasher
-from litellm_kv.vllm.multimodal import ImageItem, expand_images, image_block_hashes, image_identifier
+from litellm_kv.vllm.multimodal import (
+    ImageItem,
+    engine_identifier,
+    expand_images,
+    image_block_hashes,
+    image_identifier,
+)
 
 BLOCK = 16
 PAD = 151655  # Qwen2.5-VL's <|image_pad|>
@@ -89,6 +97,14 @@ def main() -> None:
 
         print(f"{n:>3} {len(prompt.token_ids):>7} {cell(ident):>22} {cell(expand):>20} {cell(hashing):>22} "
               f"{cell(base):>22} {added:>12.1f} {cell(cold):>22} {cell(cold_base):>22} {cold_added:>16.1f}")
+    uuid = image_identifier(b"x")
+    model = "/models/Qwen2.5-VL-7B-Instruct"
+    fresh = iter(range(10**9))
+    for algo in ("blake3", "sha256"):
+        t = timed(lambda: engine_identifier(uuid, model, {"max_pixels": next(fresh)}, algo), loops, args.repeats)  # noqa: B023
+        again = timed(lambda: engine_identifier(uuid, model, {"max_pixels": 50_000}, algo), loops, args.repeats)  # noqa: B023
+        print(f"engine_identifier with mm_processor_kwargs, {algo}: new {t[0]:.1f} µs per image "
+              f"[{t[1]:.1f}-{t[2]:.1f}], seen before {again[0]:.1f} [{again[1]:.1f}-{again[2]:.1f}]")
 
 
 if __name__ == "__main__":
