@@ -5,6 +5,7 @@ replica that holds their conversation."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from pathlib import Path
@@ -36,6 +37,17 @@ def _counters() -> dict[str, float]:
     out["predicted"] = _count("litellm_kv_predicted_cached_tokens_total")
     out["actual"] = _count("litellm_kv_actual_cached_tokens_total")
     return out
+
+
+async def _until_indexed(kv: Any, messages: list[dict[str, Any]], timeout_s: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        explained = await kv.explain({"model": GROUP, "messages": messages})
+        if explained["predicted_hit_tokens"] > 0:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"the index did not receive the conversation's blocks within {timeout_s} s: {explained}")
+        await asyncio.sleep(0.05)
 
 
 async def test_an_applications_router_follows_the_cache(engines: list[EngineReplica], engine_model: Path) -> None:
@@ -71,6 +83,11 @@ async def test_an_applications_router_follows_the_cache(engines: list[EngineRepl
                     assert cached > 0, (turn, c)
                 messages += [{"role": "assistant", "content": resp.choices[0].message.content or ""},
                              {"role": "user", "content": f"and then {turn}?"}]
+            # The engines publish KV events as they store blocks; the index applies them a moment after the
+            # response (longer on a busy machine). Each next turn is sent once the index holds this turn's
+            # blocks (bounded), so the routing and its exactness are what is checked, not that race.
+            for messages in convs:
+                await _until_indexed(kv, messages)
         # Load still spreads new conversations over both replicas.
         assert len(set(homes.values())) == 2, homes
         after = _counters()
