@@ -276,7 +276,12 @@ class RateBook:
 
     def _refit(self, lr: _Learner) -> None:
         cfg = self.cfg
+        # The set overhead, but at most half the engine's mean prefill time: on an engine whose requests
+        # prefill in less than the overhead (a small model), the time beyond it would be nothing and the
+        # per-token rate would fall to zero, pricing every cache hit at nothing.
         a = cfg.prefill_overhead_s
+        if lr.nn > 0:
+            a = min(a, 0.5 * lr.ns / lr.nn)
         # Seconds per computed token: the decayed time beyond the per-request overhead over the decayed tokens,
         # with prior_requests requests of the typical size at the default rate added to both (so the defaults
         # hold before data and the engine's figures take over as they come). A ratio of sums, not a

@@ -232,3 +232,16 @@ def test_a_replica_with_enough_data_keeps_its_own_rates() -> None:
     a, b = book.rates("a"), book.rates("b")
     assert b.prefill_s_per_token / a.prefill_s_per_token > 2.5
     assert b.decode_step_s / a.decode_step_s > 1.8
+
+
+def test_an_engine_faster_than_the_overhead_still_prices_its_tokens() -> None:
+    # A small model: 1 ms + 4 µs per token, requests of 200..800 tokens, all under the 5 ms set overhead.
+    book = RateBook(TtftSettings())
+    sizes = [200 + (i * 137) % 600 for i in range(1000)]
+    _feed(book, "a", [(t, 0.001 + 4e-6 * t) for t in sizes])
+    r = book.rates("a")
+    assert r.prefill_overhead_s < 0.005
+    assert r.prefill_s_per_token > 1e-6  # not zero: a hit of 400 tokens is worth something
+    mean_tokens = sum(sizes) / len(sizes)
+    predicted = r.prefill_overhead_s + r.prefill_s_per_token * mean_tokens
+    assert predicted == pytest.approx(0.001 + 4e-6 * mean_tokens, rel=0.1)  # the mean request still right (prior aside)
