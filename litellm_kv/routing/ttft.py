@@ -43,7 +43,8 @@ class TtftSettings:
     )
     prefill_overhead_s: float = doc(
         "Seconds per request of prefill besides its tokens (scheduling, sampling the first token); the "
-        "per-token rate is learned beyond it.",
+        "per-token rate is learned beyond it. Capped at half the engine's mean prefill time per request "
+        "once the engine reports prefills (a small model's requests may prefill faster than this).",
         default=0.005,
     )
     decode_step_s: float = doc(
