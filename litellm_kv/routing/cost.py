@@ -144,6 +144,7 @@ class Candidate:
     replica: str
     match: ReplicaMatch = field(default_factory=ReplicaMatch)
     inflight_prefill_tokens: int = 0  # router-tracked, all proxies
+    inflight_prefill_requests: int = 0  # router-tracked requests behind inflight_prefill_tokens
     inflight_decode: int = 0  # router-tracked sequences past their first token
     engine_waiting: int | None = None  # scraped vllm:num_requests_waiting
     engine_running: int | None = None  # scraped vllm:num_requests_running
@@ -309,7 +310,9 @@ class CostModel:
             if waiting:
                 queued = max(queued, waiting * cfg.waiting_request_tokens)
             own = rt.prefill_overhead_s + b * new
-            ahead = rt.prefill_overhead_s * waiting + b * queued
+            # Requests queued ahead: the engine's count or the router's own, whichever is larger (the
+            # scrape lags a burst the router has just sent).
+            ahead = rt.prefill_overhead_s * max(waiting, c.inflight_prefill_requests) + b * queued
             running = c.inflight_decode if c.engine_running is None else max(c.inflight_decode, c.engine_running)
             slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
             base = ahead + own + slow

@@ -1,7 +1,7 @@
-"""Router-tracked load per replica: in-flight prefill tokens, decode sequences, recent work.
+"""Router-tracked load per replica: in-flight prefill requests and tokens, decode sequences, recent work.
 
-A request is counted from the routing decision: its uncached prompt tokens as *prefill* until
-the first token arrives, then as one *decode* sequence until it ends. Each decision also adds
+A request is counted from the routing decision: as one *prefill* request with its uncached prompt
+tokens until the first token arrives, then as one *decode* sequence until it ends. Each decision also adds
 its prefill tokens to a *recent* sum that decays with a half-life, so the load signal survives
 the gaps between turns of paced sessions (when nothing is in flight).
 
@@ -56,6 +56,7 @@ class TrackedLoad:
     prefill_tokens: int = 0
     decode: int = 0
     recent_tokens: float = 0.0
+    prefill_requests: int = 0  # requests counted in prefill_tokens (each pays the engine's per-request overhead)
 
 
 @runtime_checkable
@@ -124,6 +125,7 @@ class InMemoryLoadTracker:
         key = (group, replica)
         load = self._load.setdefault(key, TrackedLoad())
         load.prefill_tokens += prefill_tokens
+        load.prefill_requests += 1
         self._recent.setdefault(key, _Decay()).add(self._clock(), self._rate, prefill_tokens)
 
     def replicas(self, group: str) -> set[str]:
@@ -142,6 +144,7 @@ class InMemoryLoadTracker:
         f.decoding = True
         load = self._load[(f.group, f.replica)]
         load.prefill_tokens -= f.prefill_tokens
+        load.prefill_requests -= 1
         load.decode += 1
 
     def end_sync(self, request_id: str) -> None:
@@ -153,6 +156,7 @@ class InMemoryLoadTracker:
             load.decode -= 1
         else:
             load.prefill_tokens -= f.prefill_tokens
+            load.prefill_requests -= 1
 
     def snapshot_sync(self, group: str, replicas: Sequence[str]) -> dict[str, TrackedLoad]:
         now = self._clock()
@@ -164,7 +168,7 @@ class InMemoryLoadTracker:
             if load is None:
                 out[r] = TrackedLoad(0, 0, recent)
             else:
-                out[r] = TrackedLoad(load.prefill_tokens, load.decode, recent)
+                out[r] = TrackedLoad(load.prefill_tokens, load.decode, recent, load.prefill_requests)
         return out
 
     async def begin(self, group: str, replica: str, request_id: str, prefill_tokens: int) -> None:
@@ -183,19 +187,20 @@ class InMemoryLoadTracker:
         return self.snapshot_sync(group, replicas)
 
 
-# KEYS[1] load hash, KEYS[2] proxy liveness zset. ARGV: proxy, ttl_s, then per replica: name, prefill,
-# decode, recent. This proxy's own fields "<proxy>|<replica>|p|d|r|t" are set to its absolute values (t: the
-# time of r, in Redis time). Returns 1 when the proxy was alive before this write, 0 when it was not (first
-# write, or expired: a reader may have deleted its fields), so the caller rewrites all of them.
+# KEYS[1] load hash, KEYS[2] proxy liveness zset. ARGV: proxy, ttl_s, then per replica: name, prefill tokens,
+# decode, recent, prefill requests. This proxy's own fields "<proxy>|<replica>|p|d|r|q|t" are set to its
+# absolute values (t: the time of r, in Redis time). Returns 1 when the proxy was alive before this write, 0
+# when it was not (first write, or expired: a reader may have deleted its fields), so the caller rewrites all
+# of them.
 _WRITE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local proxy = ARGV[1]
 local deadline = tonumber(redis.call('ZSCORE', KEYS[2], proxy) or '0')
-for i = 3, #ARGV, 4 do
+for i = 3, #ARGV, 5 do
   local base = proxy .. '|' .. ARGV[i] .. '|'
   redis.call('HSET', KEYS[1], base .. 'p', ARGV[i + 1], base .. 'd', ARGV[i + 2], base .. 'r', ARGV[i + 3],
-             base .. 't', tostring(now))
+             base .. 'q', ARGV[i + 4], base .. 't', tostring(now))
 end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, proxy)
@@ -207,7 +212,7 @@ return 0
 
 # rider(keys, args): keys = load hash, liveness zset; args = half_life_s, the reading proxy. Sums the fields
 # of the *other* live proxies (the reader adds its own, which it knows exactly and at once) and deletes the
-# fields of proxies whose liveness expired. Returns a flat list: "<replica>|<p|d|r>", value, ...
+# fields of proxies whose liveness expired. Returns a flat list: "<replica>|<p|d|r|q>", value, ...
 _SNAPSHOT_RIDER = """
 local function rider(keys, args)
   local t = redis.call('TIME')
@@ -348,7 +353,7 @@ class RedisLoadTracker:
     async def _write(self, group: str, replicas: set[str]) -> None:
         args: list[Any] = [self.proxy_id, self.cfg.ttl_s]
         for replica, load in self._own.snapshot_sync(group, sorted(replicas)).items():
-            args += [replica, load.prefill_tokens, load.decode, repr(load.recent_tokens)]
+            args += [replica, load.prefill_tokens, load.decode, repr(load.recent_tokens), load.prefill_requests]
         was_alive = await guarded(self._guard, lambda: self._write_script(keys=list(self._keys(group)), args=args))
         rest = self._own.replicas(group) - replicas  # the other replicas this proxy has fields for
         if not int(was_alive) and rest:
@@ -404,4 +409,6 @@ class RedisLoadTracker:
                 load.decode = max(0, load.decode + int(value))
             elif kind == "r":
                 load.recent_tokens += value
+            elif kind == "q":
+                load.prefill_requests = max(0, load.prefill_requests + int(value))
         return out

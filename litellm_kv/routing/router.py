@@ -185,7 +185,8 @@ class KVRouter:
         ld = load or TrackedLoad()
         g = g or EngineGauges()
         return Candidate(
-            replica=replica, match=match, inflight_prefill_tokens=ld.prefill_tokens, inflight_decode=ld.decode,
+            replica=replica, match=match, inflight_prefill_tokens=ld.prefill_tokens,
+            inflight_prefill_requests=ld.prefill_requests, inflight_decode=ld.decode,
             engine_waiting=g.waiting, engine_running=g.running, kv_usage=g.kv_usage,
             sibling_blocks=sibling_blocks, recent_prefill_tokens=ld.recent_tokens,
         )

@@ -396,7 +396,8 @@ class LitellmKV(_EventDriven):
                                                            g.prefill_count))
                 kw["rates"] = self.rates.rates(r)
             cands.append(Candidate(
-                r, inflight_prefill_tokens=ld.prefill_tokens, inflight_decode=ld.decode,
+                r, inflight_prefill_tokens=ld.prefill_tokens, inflight_prefill_requests=ld.prefill_requests,
+                inflight_decode=ld.decode,
                 engine_waiting=g.waiting, engine_running=g.running, kv_usage=g.kv_usage,
                 sibling_blocks=sib.get(r, 0), recent_prefill_tokens=ld.recent_tokens, **kw,
             ))

@@ -138,6 +138,30 @@ def test_a_long_queue_ahead_of_the_hit_sends_the_request_to_an_idle_replica() ->
     assert d.ttft_s["hit"] > d.ttft_s["idle"]
 
 
+def test_a_burst_on_a_hot_prefix_spreads_before_the_engine_reports_it_waiting() -> None:
+    """Requests the router has just sent and the engine's scrape does not show yet each pay the per-request
+    overhead ahead of the next: a burst of short suffixes on one hot prefix stops piling onto its holder."""
+    m = _model()
+    rates = ReplicaRates(1e-5, 0.005, 0.003)  # a small engine: 1K tokens cost 10 ms beside a 5 ms floor
+    prefix = ReplicaMatch(gpu=60)  # 960 of the 1,024 tokens cached on "hold"
+    sent: dict[str, int] = {"hold": 0, "other": 0}
+    for _ in range(24):
+        cands = [Candidate(r, prefix if r == "hold" or sent["other"] else ReplicaMatch(),
+                           inflight_prefill_tokens=64 * n if r == "hold" else 1024 * min(n, 1) + 64 * max(0, n - 1),
+                           inflight_prefill_requests=n, engine_waiting=0, rates=rates)
+                 for r, n in sent.items()]
+        sent[m.choose(1024, BS, cands).replica] += 1
+    assert sent["other"] >= 6, sent
+    # Ten requests ahead: by their tokens alone "hold" is still faster; their per-request overhead is what
+    # the engine's (lagging) waiting figure would miss.
+    def ten_ahead(counted: int) -> str:
+        return m.choose(1024, BS, [
+            Candidate("hold", prefix, inflight_prefill_tokens=640, inflight_prefill_requests=counted,
+                      engine_waiting=0, rates=rates),
+            Candidate("other", engine_waiting=0, rates=rates)]).replica
+    assert (ten_ahead(0), ten_ahead(10)) == ("hold", "other")
+
+
 def test_learned_rates_change_the_answer() -> None:
     """The same queue is short on a fast replica and long on a slow one."""
     fast = ReplicaRates(1e-5, 0.001, 0.005)
