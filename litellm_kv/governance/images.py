@@ -21,7 +21,7 @@ import binascii
 import struct
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from litellm_kv.errors import PolicyViolation
@@ -69,11 +69,14 @@ class ImagePart:
     detail: str | None = None
     #: Anthropic blocks carry base64 without the ``data:`` prefix.
     bare_base64: bool = False
+    #: The content part itself (found by :func:`find_media`): where the proxy sets the image's ``uuid``.
+    ref: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class VideoPart:
     where: str
+    ref: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,18 +140,18 @@ def _walk(parts: list[Any], path: str, images: list[ImagePart], videos: list[Vid
         where = f"{path}[{j}]"
         kind = part_kind(part)
         if kind in _VIDEO_TYPES:
-            videos.append(VideoPart(where))
+            videos.append(VideoPart(where, part))
         elif kind in ("image_url", "input_image"):
             found = _openai_image(part, where)
             if found is not None:
                 if found.source.startswith("data:video/"):
-                    videos.append(VideoPart(where))
+                    videos.append(VideoPart(where, part))
                 else:
-                    images.append(found)
+                    images.append(replace(found, ref=part))
         elif kind == "image":
-            images.append(_anthropic_image(part, where))
+            images.append(replace(_anthropic_image(part, where), ref=part))
         elif kind == "file" and _is_video_file(part.get("file")):
-            videos.append(VideoPart(where))
+            videos.append(VideoPart(where, part))
         elif kind in _UNCOUNTABLE:
             raise ImageError.of(
                 "unsupported_format", where,

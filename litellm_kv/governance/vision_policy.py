@@ -8,7 +8,7 @@ images of a request, calls these functions and enforces what they decide. Schema
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from litellm_kv.config import doc
@@ -149,10 +149,16 @@ class Counted:
     height: int | None = None
     how: str = "header"  # header | fetched | ceiling
     detail: str | None = None
+    #: ``sha256:<hex>`` of the image's encoded bytes (litellm_kv.vllm.multimodal.image_identifier): the
+    #: ``uuid`` the proxy gives the engine; None for a remote image that was not fetched.
+    identifier: str | None = None
+    #: A fetched remote image as a ``data:`` URL of the bytes that were counted (never in the spend log): the
+    #: engine is sent these bytes, so that what it processes is what was counted and identified.
+    inline_url: str | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"where": self.where, "tokens": self.tokens, "width": self.width, "height": self.height,
-                "how": self.how}
+                "how": self.how, "identifier": self.identifier}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ the period budgets are charged and a per-request breakdown goes to the spend log
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 import uuid
@@ -27,10 +28,19 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_kv.config import Settings
+from litellm_kv.config import Settings, parse_section
 from litellm_kv.errors import MetadataError, PolicyViolation
 from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets, unmetered
-from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart, find_media, image_info, measure
+from litellm_kv.governance.images import (
+    ImageBounds,
+    ImageError,
+    ImageInfo,
+    ImagePart,
+    VideoPart,
+    find_media,
+    image_info,
+    payload_bytes,
+)
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.vision import ENGINE_RESIZABLE
 from litellm_kv.governance.vision_policy import (
@@ -54,10 +64,13 @@ from litellm_kv.integration.billing import record_breakdown, set_image_tokens
 from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
+from litellm_kv.vllm.multimodal import image_identifier
 
 log = logging.getLogger("litellm_kv.governance.vision")
 
 METER = "visual_tokens"
+#: The call record holding the fetched remote images' bytes (as ``data:`` URLs) until the engine is called.
+FETCHED_RECORD = "vision_fetched"
 HEADER_TOKENS = "x-litellm-kv-visual-tokens"
 HEADER_DOWNSCALED = "x-litellm-kv-vision-downscaled"
 #: Inline images with more base64 characters than this are decoded off the event loop.
@@ -116,67 +129,6 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
             return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)
 
-    async def _fetch_size(
-        self, part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds
-    ) -> tuple[int, int] | None:
-        try:
-            host = (urlsplit(part.source).hostname or "").lower()
-        except ValueError as exc:  # "http://[::1": an unclosed IPv6 host
-            raise ImageError.of("invalid_url", part.where, f"image URL cannot be parsed ({exc})",
-                                part.source[:64]) from None
-        if not gs.fetch.allow_hosts or host not in {h.lower() for h in gs.fetch.allow_hosts}:
-            return None
-        import httpx
-
-        cap = min(gs.fetch.max_bytes, bounds.max_bytes)
-        buf = bytearray()
-        try:
-            async with asyncio.timeout(gs.fetch.timeout_s), httpx.AsyncClient(
-                follow_redirects=False, timeout=gs.fetch.timeout_s
-            ) as client, client.stream("GET", part.source) as resp:
-                if resp.status_code != 200:
-                    log.info("litellm-kv: fetching %s gave %s; counting the ceiling", part.where, resp.status_code)
-                    return None
-                async for chunk in resp.aiter_bytes():
-                    buf += chunk
-                    if len(buf) > cap:
-                        raise ImageError.of("too_large", part.where,
-                                            f"remote image is larger than the fetch cap of {cap} bytes", len(buf))
-        except (httpx.HTTPError, TimeoutError):
-            log.info("litellm-kv: fetching %s failed; counting the ceiling", part.where)
-            return None
-        except httpx.InvalidURL as exc:
-            # Not an HTTPError: httpx refuses the URL itself (a NUL byte, a bad port), so would the engine.
-            raise ImageError.of("invalid_url", part.where, f"image URL cannot be fetched ({exc})",
-                                part.source[:64]) from None
-        info = image_info(buf, part.where, ImageBounds(max_bytes=cap, max_pixels=bounds.max_pixels))
-        return info.width, info.height
-
-    async def _count(
-        self, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
-    ) -> list[Counted]:
-        limits = ImageBounds(max_bytes=gs.max_image_bytes, max_pixels=gs.max_image_pixels)
-        out: list[Counted] = []
-        for part in images:
-            if part.inline:
-                # Decoding a large image takes long enough to stall every other request: do it in a thread.
-                if len(part.source) > OFFLOAD_CHARS:
-                    info = await asyncio.to_thread(measure, part, limits)
-                else:
-                    info = measure(part, limits)
-                out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
-                                   info.width, info.height, "header", part.detail))
-                continue
-            size = await self._fetch_size(part, gs, limits)
-            if size is not None:
-                w, h = size
-                out.append(Counted(part.where, image_tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
-                                   part.detail))
-            else:
-                out.append(Counted(part.where, ceiling_tokens(gs, part.detail, b, part.where), None, None, "ceiling",
-                                   part.detail))
-        return out
-
     def _reject(self, req: ProxyRequest, status: int, limit_name: str, message: str, limit: object, value: object,
                 source: str, headers: dict[str, str] | None = None) -> PolicyViolation:
         REJECTED.labels(req.model_group, limit_name).inc()
@@ -206,6 +158,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         images = self._find_images(req, gs)
         if not images:
             return
+        _drop_client_uuids(images)
         policy = self._policy(req, gs)
         self._check_image_count(req, policy, len(images))
         counted = await self._measure(req, images, gs, b)
@@ -232,6 +185,10 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             "charges": charges,
         }
         self.keep_decision(req, decision)
+        fetched = {i: c.inline_url for i, c in enumerate(counted) if c.inline_url}
+        if fetched:
+            assert req.record_key is not None
+            self.records.put(req.record_key, FETCHED_RECORD, fetched)
         req.response_headers[HEADER_TOKENS] = str(total)
         COUNT_SECONDS.labels(req.model_group).observe(time.perf_counter() - started)
 
@@ -256,6 +213,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         except ImageError as exc:
             REJECTED.labels(group, exc.limit_name).inc()
             raise
+        _drop_client_uuids(videos)
         if videos and gs.videos == "reject":
             raise self._reject(
                 req, 400, "vision.videos",
@@ -278,7 +236,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         self, req: ProxyRequest, images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds
     ) -> list[Counted]:
         try:
-            counted = await self._count(images, gs, b)
+            counted = await count_images(images, gs, b)
         except ImageError as exc:
             REJECTED.labels(req.model_group, exc.limit_name).inc()
             raise
@@ -441,23 +399,22 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
         return kept if isinstance(kept, Mapping) else None
 
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
+        """vLLM deployments only (other providers would reject the fields): the downscale's ``max_pixels``
+        and each counted image's identifier as the part's ``uuid``."""
         decision = self._decision_of(kwargs)
-        if decision is None or decision.get("max_pixels") is None:
+        if decision is None or not litellm_data.is_vllm_deployment(kwargs):
             return
-        if not litellm_data.is_vllm_deployment(kwargs):
-            # Only vLLM resizes on request; other providers would reject an unknown field.
-            return
-        mm = kwargs.get("mm_processor_kwargs")
-        mm = dict(mm) if isinstance(mm, Mapping) else {}
-        mm["max_pixels"] = int(decision["max_pixels"])
-        kwargs["mm_processor_kwargs"] = mm
+        mm = engine_processor_kwargs(kwargs.get("mm_processor_kwargs"), decision)
+        if mm is not None:
+            kwargs["mm_processor_kwargs"] = mm
+        set_image_uuids(kwargs, decision, self.records.get(litellm_data.call_key(kwargs), FETCHED_RECORD) or {})
 
     # -- after the call --------------------------------------------------------------------------
     def _apply(self, targets: list[Mapping[str, Any]], decision: Mapping[str, Any], usage: Any) -> int:
         """Write the visual tokens into ``usage`` and the breakdown into each target's spend-log metadata."""
         group = str(decision.get("model_group") or "")
         estimate = int(decision.get("tokens") or 0)
-        engine = _engine_image_tokens(usage)
+        engine = engine_image_tokens(usage)
         if engine is not None:
             tokens, source = engine, "engine"
             ESTIMATE_DELTA.labels(group).observe(engine - estimate)
@@ -552,7 +509,154 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             self._charge(decision, self._apply([request_data], decision, usage))
 
 
-def _engine_image_tokens(usage: Any) -> int | None:
+async def _fetch(part: ImagePart, gs: GroupVisionSettings, bounds: ImageBounds) -> tuple[ImageInfo, bytes] | None:
+    """A remote image's header and bytes, when the group allows fetching from its host."""
+    try:
+        host = (urlsplit(part.source).hostname or "").lower()
+    except ValueError as exc:  # "http://[::1": an unclosed IPv6 host
+        raise ImageError.of("invalid_url", part.where, f"image URL cannot be parsed ({exc})",
+                            part.source[:64]) from None
+    if not gs.fetch.allow_hosts or host not in {h.lower() for h in gs.fetch.allow_hosts}:
+        return None
+    import httpx
+
+    cap = min(gs.fetch.max_bytes, bounds.max_bytes)
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(gs.fetch.timeout_s), httpx.AsyncClient(
+            follow_redirects=False, timeout=gs.fetch.timeout_s
+        ) as client, client.stream("GET", part.source) as resp:
+            if resp.status_code != 200:
+                log.info("litellm-kv: fetching %s gave %s; counting the ceiling", part.where, resp.status_code)
+                return None
+            async for chunk in resp.aiter_bytes():
+                buf += chunk
+                if len(buf) > cap:
+                    raise ImageError.of("too_large", part.where,
+                                        f"remote image is larger than the fetch cap of {cap} bytes", len(buf))
+    except (httpx.HTTPError, TimeoutError):
+        log.info("litellm-kv: fetching %s failed; counting the ceiling", part.where)
+        return None
+    except httpx.InvalidURL as exc:
+        # Not an HTTPError: httpx refuses the URL itself (a NUL byte, a bad port), so would the engine.
+        raise ImageError.of("invalid_url", part.where, f"image URL cannot be fetched ({exc})",
+                            part.source[:64]) from None
+    info = image_info(buf, part.where, ImageBounds(max_bytes=cap, max_pixels=bounds.max_pixels))
+    return info, bytes(buf)
+
+
+async def count_images(images: list[ImagePart], gs: GroupVisionSettings, b: PixelBounds) -> list[Counted]:
+    """Each image's visual tokens within the bounds ``b`` and its identifier: inline images from their
+    header and bytes, remote ones fetched when the group allows their host, else at the ceiling."""
+    limits = ImageBounds(max_bytes=gs.max_image_bytes, max_pixels=gs.max_image_pixels)
+    out: list[Counted] = []
+    for part in images:
+        if part.inline:
+            # Decoding a large image takes long enough to stall every other request: do it in a thread.
+            if len(part.source) > OFFLOAD_CHARS:
+                info, ident = await asyncio.to_thread(_inline, part, limits)
+            else:
+                info, ident = _inline(part, limits)
+            out.append(Counted(part.where, image_tokens(gs, info.width, info.height, part.detail, b, part.where),
+                               info.width, info.height, "header", part.detail, ident))
+            continue
+        fetched = await _fetch(part, gs, limits)
+        if fetched is not None:
+            info, raw = fetched
+            w, h = info.width, info.height
+            inline = f"data:image/{info.format};base64,{base64.b64encode(raw).decode('ascii')}"
+            out.append(Counted(part.where, image_tokens(gs, w, h, part.detail, b, part.where), w, h, "fetched",
+                               part.detail, image_identifier(raw), inline))
+        else:
+            out.append(Counted(part.where, ceiling_tokens(gs, part.detail, b, part.where), None, None, "ceiling",
+                               part.detail))
+    return out
+
+
+def _inline(part: ImagePart, limits: ImageBounds) -> tuple[ImageInfo, str]:
+    """An inline image's size (from its header) and identifier (a digest of its decoded bytes)."""
+    raw = payload_bytes(part, limits)
+    return image_info(raw, part.where, limits), image_identifier(raw)
+
+
+async def explain_record(settings: Settings, group: str, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the vision count would record for ``data`` (a request body) with no key's limits (so no
+    downscale): the family, each image's tokens and identifier, the processor kwargs. For
+    ``/litellm-kv/route``, which explains without sending. None when the group has no vision section."""
+    g = settings.group(group)
+    if g is None or not g.vision:
+        return None
+    raw = {k: v for k, v in dict(g.vision).items() if k not in POLICY_FIELDS}
+    gs = parse_section(GroupVisionSettings, raw, f"litellm_kv.model_groups.{group}.vision")
+    body = dict(data)
+    if isinstance(body.get("extra_body"), Mapping):
+        body["extra_body"] = dict(body["extra_body"])
+    client = take_processor_kwargs(body)
+    b = engine_bounds(client, gs)
+    images, _videos = find_media(body)
+    counted = await count_images(images, gs, b)
+    return {"model_group": group, "family": gs.family, "images": [c.to_json() for c in counted],
+            "max_pixels": None, "mm_processor_kwargs": processor_kwargs_of(b) if client else None}
+
+
+def _drop_client_uuids(parts: list[ImagePart] | list[VideoPart]) -> None:
+    """A client's ``uuid`` on a media part would name the engine's cached item for that part: another
+    image's blocks (or processed pixels) could be reused for it. Only the proxy sets one."""
+    for part in parts:
+        if isinstance(part.ref, dict):
+            part.ref.pop("uuid", None)
+
+
+def engine_processor_kwargs(current: object, decision: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``mm_processor_kwargs`` a vLLM deployment gets for a call with this vision ``decision``: the
+    request's (the client's, checked and rewritten by :meth:`VisionHandler.pre_call`) with the downscale's
+    ``max_pixels``; None when there are none. Routing hashes with exactly these (the engine's image
+    identifiers depend on them, key order included)."""
+    mm = dict(current) if isinstance(current, Mapping) else {}
+    if decision.get("max_pixels") is not None:
+        mm["max_pixels"] = int(decision["max_pixels"])
+    return mm or None
+
+
+def set_image_uuids(data: Mapping[str, Any], decision: Mapping[str, Any], fetched: Mapping[int, str]) -> None:
+    """Give each image part of ``data`` the identifier it was counted with as its ``uuid`` (the engine
+    then keys its blocks by it, without hashing pixels); a part counted without one gets none. A remote
+    image the proxy fetched is sent as the bytes it counted (``fetched``: image index -> ``data:`` URL): an
+    engine fetching the URL again could get other bytes (a server answering the proxy with a small image
+    and the engine with a large one), processed under an identifier that is not theirs. Nothing is set
+    when the parts do not line up with the decision's images (the request changed after the count)."""
+    counted = decision.get("images")
+    if not isinstance(counted, list):
+        return
+    try:
+        images, _videos = find_media(data)
+    except ImageError:
+        return
+    if len(images) != len(counted):
+        log.warning("litellm-kv: %d images in the request, %d counted; image identifiers not set",
+                    len(images), len(counted))
+        return
+    for i, (part, c) in enumerate(zip(images, counted, strict=True)):
+        ident = c.get("identifier") if isinstance(c, Mapping) else None
+        ref = part.ref
+        if not isinstance(ref, dict):
+            continue
+        inline = fetched.get(i)
+        if inline is not None:
+            spec = ref.get("image_url")
+            if isinstance(spec, dict):
+                ref["image_url"] = {**spec, "url": inline}
+            elif isinstance(spec, str):
+                ref["image_url"] = inline
+            else:
+                ident = None  # another shape: the engine fetches it; its bytes are not the counted ones
+        if isinstance(ident, str):
+            ref["uuid"] = ident
+        else:
+            ref.pop("uuid", None)
+
+
+def engine_image_tokens(usage: Any) -> int | None:
     """vLLM's ``prompt_tokens_details.multimodal_tokens`` ({"image": n} in vLLM 0.32; a bare int elsewhere)."""
     details = litellm_data.field(usage, "prompt_tokens_details")
     mm = litellm_data.field(details, "multimodal_tokens")
@@ -563,5 +667,5 @@ def _engine_image_tokens(usage: Any) -> int | None:
         return mm
     extra = getattr(details, "model_extra", None)  # pydantic keeps unknown fields here
     if isinstance(extra, Mapping) and extra.get("multimodal_tokens") is not None:
-        return _engine_image_tokens({"prompt_tokens_details": {"multimodal_tokens": extra["multimodal_tokens"]}})
+        return engine_image_tokens({"prompt_tokens_details": {"multimodal_tokens": extra["multimodal_tokens"]}})
     return None

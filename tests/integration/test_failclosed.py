@@ -16,13 +16,14 @@ from litellm.proxy._types import ProxyException, UserAPIKeyAuth
 
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.governance.budgets import MemoryPeriodBudgets, Period
-from litellm_kv.governance.images import ImageBounds, ImageError, ImagePart
+from litellm_kv.governance.images import ImageError, ImagePart
+from litellm_kv.governance.vision_policy import PixelBounds
 from litellm_kv.integration.call_records import CallRecords
 from litellm_kv.integration.callback import LiteLLMKV
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import CALL_TOKEN_KEY
 from litellm_kv.integration.reasoning_hooks import ReasoningHandler
-from litellm_kv.integration.vision_hooks import VisionHandler
+from litellm_kv.integration.vision_hooks import VisionHandler, count_images
 
 
 def settings() -> Settings:
@@ -135,7 +136,7 @@ async def test_visual_token_limit_refuses_an_image_url_httpx_cannot_fetch() -> N
     h = VisionHandler(parse_section(Settings, {"model_groups": groups}, "litellm_kv"), MemoryPeriodBudgets())
     part = ImagePart("messages[0].content[1]", "http://127.0.0.1:9/x.png#\x00", inline=False)
     with pytest.raises(ImageError) as exc:
-        await h._fetch_size(part, h.group_settings("g"), ImageBounds(max_bytes=2**20, max_pixels=2**24))
+        await count_images([part], h.group_settings("g"), PixelBounds(None, None))
     assert exc.value.limit_name == "image.invalid_url"
 
 

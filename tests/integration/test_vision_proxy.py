@@ -13,6 +13,7 @@ here); the spend log row is read from ``tests.support.spend_capture`` (the paylo
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import struct
@@ -159,7 +160,8 @@ COMPLETION = 3  # "answer from <name>"
 
 def test_visual_tokens_priced_in_usage_cost_header_and_spend_log(stack: dict[str, Any]) -> None:
     before = n_rows(stack["capture"])
-    r = chat(stack["proxy"], "sk-plain", [image_part(data_url(png(896, 896)))])
+    raw = png(896, 896)
+    r = chat(stack["proxy"], "sk-plain", [{**image_part(data_url(raw)), "uuid": "client-chosen"}])
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
     assert usage["prompt_tokens_details"]["image_tokens"] == 1024
@@ -168,13 +170,17 @@ def test_visual_tokens_priced_in_usage_cost_header_and_spend_log(stack: dict[str
     expected = (TEXT_TOKENS + 1) * IN_RATE + 1024 * IMAGE_RATE + COMPLETION * OUT_RATE
     assert float(r.headers["x-litellm-response-cost"]) == pytest.approx(expected, rel=1e-9)
     assert r.headers["x-litellm-kv-visual-tokens"] == "1024"
-    assert "mm_processor_kwargs" not in last_upstream(stack["plain"])  # nothing over a limit: untouched
+    sent = last_upstream(stack["plain"])
+    assert "mm_processor_kwargs" not in sent  # nothing over a limit: untouched
+    # The engine gets the proxy's identifier of the image's bytes as the part's uuid, never the client's.
+    ident = "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert sent["messages"][0]["content"][1]["uuid"] == ident
     row = spend_rows(stack["capture"], before)[-1]
     assert row["response_cost"] == pytest.approx(expected, rel=1e-9)
     breakdown = row["spend_logs_metadata"]["litellm_kv"]["vision"]
     assert breakdown["visual_tokens"] == 1024 and breakdown["measured_by"] == "formula"
     assert breakdown["images"] == [{"where": "messages[0].content[1]", "tokens": 1024, "width": 896,
-                                    "height": 896, "how": "header"}]
+                                    "height": 896, "how": "header", "identifier": ident}]
 
 
 def test_streaming_is_charged_too(stack: dict[str, Any]) -> None:
