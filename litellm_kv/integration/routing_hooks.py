@@ -26,9 +26,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
+from litellm_kv.errors import PolicyViolation
+from litellm_kv.governance.images import ImageError, find_media
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
+    call_key,
     carries_output,
     deployment_model_groups,
     dig,
@@ -37,6 +40,12 @@ from litellm_kv.integration.litellm_data import (
     routed_call_id,
     usage_of,
 )
+from litellm_kv.integration.vision_hooks import (
+    VisionHandler,
+    engine_image_tokens,
+    engine_processor_kwargs,
+    explain_record,
+)
 from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.group import ChatRequest, KVGroup
@@ -44,6 +53,7 @@ from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISION_SECONDS, RoutingResult
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.hashing import NATIVE_HASHING
+from litellm_kv.vllm.multimodal import ImageItem
 from litellm_kv.vllm.tokenization import chat_template_kwargs_for
 
 log = logging.getLogger("litellm_kv")
@@ -209,7 +219,9 @@ class KVRoutingHandler(Handler):
         req = dict(request_kwargs)
         if messages is not None:
             req["messages"] = messages
-        result = await g.decide(_chat_request(req, deployments), g.reachable(list(by_replica)))
+        # Images are hashed with what the vision count kept for this call (identifiers and visual tokens).
+        vision = self.records.get(call_key(request_kwargs), VisionHandler.section)
+        result = await g.decide(_chat_request(req, deployments, vision), g.reachable(list(by_replica)))
         chosen = by_replica[result.replica]
         dep_id = str((chosen.get("model_info") or {}).get("id"))
         cid = routed_call_id(request_kwargs) or f"anon-{time.monotonic_ns()}"
@@ -223,6 +235,7 @@ class KVRoutingHandler(Handler):
                 result.predicted_hit_tokens, "prompt_tokens": result.prompt_tokens, "shadow": g.options.shadow,
                 "fallback": result.fallback_why or None,
                 "predicted_ttft_s": round(result.predicted_ttft_s.get(result.replica, 0.0), 4) or None,
+                "visual_tokens": result.visual_tokens or None,
             }
         await g.begin(result, cid)
         DECISION_SECONDS.labels(model_group, result.tokenizer).observe(time.perf_counter() - t0)
@@ -279,6 +292,11 @@ class KVRoutingHandler(Handler):
             if actual_shadow is not None:
                 SHADOW_TOKENS.labels(group, "litellm_cached").inc(int(actual_shadow))
             return
+        if route.result.visual_tokens:
+            reported = engine_image_tokens(usage)
+            g = self.groups.get(group)
+            if reported is not None and g is not None:
+                g.check_image_tokens(route.result.visual_tokens, reported)
         predicted = route.result.predicted_hit_tokens
         actual = dig(usage, "prompt_tokens_details", "cached_tokens")
         if actual is None:
@@ -386,7 +404,13 @@ class KVRoutingHandler(Handler):
         if g is None:
             return {"error": f"model group {group!r} is not KV-routed"}
         # The same request facts as a real call (LoRA adapter, salt, media), or the answer would not be its.
-        result = await g.decide(_chat_request(body, self._group_deployments(group)), list(g.fleet.replicas))
+        # Images are counted as the vision count would count them, without a key's limits (no downscale).
+        try:
+            vision = await explain_record(self.settings, group, body) if _has_media(body.get("messages") or []) \
+                else None
+        except PolicyViolation as exc:
+            return {"error": exc.message}
+        result = await g.decide(_chat_request(body, self._group_deployments(group), vision), list(g.fleet.replicas))
         hasher = g.fleet.hasher()
         out = asdict(result)
         out.pop("wire_hashes", None)
@@ -395,12 +419,15 @@ class KVRoutingHandler(Handler):
         return out
 
 
-def _chat_request(req: Mapping[str, Any], deployments: Sequence[Mapping[str, Any]]) -> ChatRequest:
+def _chat_request(req: Mapping[str, Any], deployments: Sequence[Mapping[str, Any]],
+                  vision: Mapping[str, Any] | None = None) -> ChatRequest:
     """LiteLLM's request dict as the facts that decide the engine's block hashes: the prompt as the chat
-    template renders it, the served model (a LoRA adapter's name and path), the cache salt, media, prompt
-    logprobs."""
+    template renders it, the served model (a LoRA adapter's name and path), the cache salt, media (with the
+    call's vision count: each image's identifier and visual tokens), prompt logprobs."""
     messages = req.get("messages")
     litellm_model = str((deployments[0].get("litellm_params") or {}).get("model", "")) if deployments else ""
+    media = _has_media(messages or [])
+    images = _image_items(req, vision) if media and vision is not None else None
     return ChatRequest(
         messages=None if messages is None else list(messages),
         tools=req.get("tools") or None,
@@ -408,9 +435,40 @@ def _chat_request(req: Mapping[str, Any], deployments: Sequence[Mapping[str, Any
         add_generation_prompt=not bool(req.get("continue_final_message")),
         model=litellm_model,
         cache_salt=req.get("cache_salt"),
-        has_unhashable_media=_has_media(messages or []),
+        has_unhashable_media=media and images is None,
         skip_prefix_cache=req.get("prompt_logprobs") is not None,
+        images=images or (),
+        mm_processor_kwargs=engine_processor_kwargs(req.get("mm_processor_kwargs"), vision)
+        if images and vision is not None else None,
     )
+
+
+#: Vision families whose images are routed by cache: the Qwen-VL chat templates render one ``<|image_pad|>``
+#: per image and vLLM expands it to the count ``governance.vision`` reproduces.
+HASHED_FAMILIES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+
+
+def _image_items(req: Mapping[str, Any], vision: Mapping[str, Any]) -> tuple[ImageItem, ...] | None:
+    """The request's images as routing hashes them, from the call's vision count; None when any cannot be
+    (an unfetched remote image, a video, a family whose placeholders are not modelled, a count that does
+    not line up with the request's images): the request is then routed by load."""
+    if vision.get("family") not in HASHED_FAMILIES:
+        return None
+    counted = vision.get("images")
+    try:
+        images, videos = find_media(req)
+    except ImageError:
+        return None
+    if videos or not isinstance(counted, list) or len(counted) != len(images) or not images:
+        return None
+    out: list[ImageItem] = []
+    for c in counted:
+        ident = c.get("identifier") if isinstance(c, Mapping) else None
+        tokens = c.get("tokens") if isinstance(c, Mapping) else None
+        if not isinstance(ident, str) or isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+            return None
+        out.append(ImageItem(ident, tokens))
+    return tuple(out)
 
 
 def _router_deployments() -> list[dict[str, Any]]:

@@ -69,6 +69,7 @@ class ReplicaState:
     subscriber: Any = None
     lora_roots: dict[str, str] = field(default_factory=dict)  # adapter name -> path, from /v1/models
     base_models: set[str] = field(default_factory=set)  # served names that are not adapters
+    model_root: str | None = None  # the base model as the engine was given it (/v1/models 'root')
 
     def status(self) -> dict[str, Any]:
         sub = None
@@ -320,6 +321,14 @@ class Fleet:
             return
         st.lora_roots = {m["id"]: m["root"] for m in models if m.get("parent") and isinstance(m.get("root"), str)}
         st.base_models = {str(m["id"]) for m in models if not m.get("parent") and m.get("id")}
+        roots = {m["root"] for m in models if not m.get("parent") and isinstance(m.get("root"), str)}
+        st.model_root = roots.pop() if len(roots) == 1 else None
+
+    def model_root(self) -> str | None:
+        """The model path every replica's engine was started with (vLLM hashes image identifiers with it
+        when a request carries processor kwargs); None unless the replicas that listed one agree."""
+        roots = {st.model_root for st in self.replicas.values() if st.model_root is not None}
+        return roots.pop() if len(roots) == 1 else None
 
     def adapter(self, model: str) -> tuple[tuple[str, str] | None, str]:
         """What the engine hashes a request for a deployment's LiteLLM ``model`` (``hosted_vllm/<served

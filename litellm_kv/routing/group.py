@@ -33,6 +33,14 @@ from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.engine import EngineClient
+from litellm_kv.vllm.hashing import MMFeature
+from litellm_kv.vllm.multimodal import (
+    IdentifierUnavailable,
+    ImageExpansionError,
+    ImageItem,
+    engine_identifier,
+    expand_images,
+)
 from litellm_kv.vllm.tokenization import CONTENT_FORMATS, VERIFY_SAMPLES, LocalChatTokenizer, TemplateError
 
 log = logging.getLogger("litellm_kv")
@@ -41,6 +49,22 @@ TOKENIZER_MISMATCH = counter(
     "tokenizer_mismatches", "Local tokenization differed from the engine's /tokenize (group switched to engine).",
     ["model_group"],
 )
+IMAGE_TOKEN_CHECKS = counter(
+    "image_token_checks",
+    "Image requests routed by cache whose response reported the engine's visual-token count, by outcome: "
+    "exact (equal to the count the placeholders were expanded with) or mismatch. After "
+    "image_mismatch_limit mismatches the group routes image requests by load (fallback multimodal_mismatch).",
+    ["model_group", "outcome"],
+)
+#: The image placeholder token of the Qwen-VL chat templates (one per image; vLLM expands it).
+IMAGE_PAD = "<|image_pad|>"
+#: Visual-token mismatches after which a group stops routing image requests by cache.
+IMAGE_MISMATCH_LIMIT = 3
+
+
+class _ImagesNeedLocal(Exception):
+    """An image request on a group without a verified local tokenizer."""
+
 LOAD_ERRORS = counter(
     "load_store_errors",
     "Failures to read or write router-tracked load (shared mode: Redis unreachable); decisions then use "
@@ -74,8 +98,12 @@ class ChatRequest:
     add_generation_prompt: bool = True  # False when the client continues the final message
     model: str = ""  # the deployment's LiteLLM model string: its served name may be a LoRA adapter
     cache_salt: str | None = None
-    has_unhashable_media: bool = False  # images whose engine identifiers cannot be computed
+    has_unhashable_media: bool = False  # media whose engine identifiers or counts cannot be computed
     skip_prefix_cache: bool = False  # prompt_logprobs: the engine will not read the cache
+    # Every image of the prompt, in order: the identifier set as its part's uuid and its visual tokens (the
+    # count the vision limits checked). Rendered with the OpenAI content form and expanded in place.
+    images: Sequence[ImageItem] = ()
+    mm_processor_kwargs: Mapping[str, Any] | None = None  # as the engine gets them (they key its identifiers)
 
 
 def _no_members() -> list[dict[str, Any]]:
@@ -128,6 +156,9 @@ class KVGroup:
         self.deployment_ids: frozenset[str] = frozenset()
         self.sync_lock = asyncio.Lock()
         self.requests = 0
+        # Image requests: the engine's visual-token counts compared with ours, and why image routing is off.
+        self.image_mismatches = 0
+        self.image_routing_off = ""
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,12 +259,19 @@ class KVGroup:
         ready = [st for st in self.fleet.replicas.values() if st.ready]
         return random.choice(ready).client if ready else None
 
-    async def tokens(self, request: ChatRequest) -> tuple[list[int], str]:
-        """Prompt token ids of a chat request, and which path produced them."""
+    async def tokens(self, request: ChatRequest, *, images: bool = False) -> tuple[list[int], str]:
+        """Prompt token ids of a chat request, and which path produced them. ``images``: rendered with each
+        image's placeholder token (not yet expanded), for a request whose images are hashed."""
         messages = list(request.messages or [])
         tools = request.tools
         kwargs = request.chat_template_kwargs
         add_gen = request.add_generation_prompt
+        if images:
+            # vLLM hands a template that renders images the OpenAI content form; /tokenize cannot check
+            # a prompt with images without processing them, so only the verified local tokenizer is used.
+            if self.tokenizer is None or self.options.tokenizer == "engine":
+                raise _ImagesNeedLocal("image requests need the verified local tokenizer")
+            return self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs, content_format="openai"), "local"
         if self.tokenizer is not None and self.options.tokenizer != "engine":
             try:
                 ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
@@ -281,22 +319,35 @@ class KVGroup:
         :meth:`KVRouter.decide`)."""
         candidates = list(candidates)
         path = "none"
+        features: tuple[MMFeature, ...] = ()
+        why = ""
+        if request.images and not request.has_unhashable_media and self.image_routing_off:
+            why = "multimodal_mismatch"
+        with_images = bool(request.images) and not request.has_unhashable_media and not why
         try:
             if request.messages is None:
                 raise RuntimeError("not a chat request")
-            tokens, path = await self.tokens(request)
+            try:
+                tokens, path = await self.tokens(request, images=with_images)
+            except _ImagesNeedLocal:
+                # Routed by load; the text's tokens still size the request's load.
+                with_images, why = False, "multimodal"
+                tokens, path = await self.tokens(request)
         except Exception as exc:
             log.debug("litellm-kv: %s: tokenize failed: %s", self.name, exc)
             tokens = []
-            why = "tokenize_failed"
+            why = why or "tokenize_failed"
         else:
-            why = self.fleet.not_exact_why and "not_exact"
+            if with_images:
+                tokens, features, why = self._expand_images(request, tokens)
+            why = why or (self.fleet.not_exact_why and "not_exact")
         lora, unknown = self.fleet.adapter(request.model) if request.model else (None, "")
         why = why or unknown
         rreq = RoutingRequest(
             token_ids=tokens,
             lora=lora,
             cache_salt=request.cache_salt,
+            mm=features,
             has_unhashable_media=request.has_unhashable_media,
             skip_prefix_cache=request.skip_prefix_cache,
         )
@@ -312,7 +363,61 @@ class KVGroup:
         result = await self.router.decide(rreq, self.fleet.hasher(), candidates, lambda: self.read_load(candidates),
                                           gauges, not_exact_why=why, load_rider=rider)
         result.tokenizer = path
+        if features and result.exact:
+            result.visual_tokens = sum(f.length for f in features)
+            bs = result.block_size
+            result.images = [
+                {"identifier": f.identifier, "offset": f.offset, "tokens": f.length,
+                 "blocks": [f.offset // bs, (f.offset + f.length - 1) // bs] if bs else None}
+                for f in features
+            ]
         return result
+
+    # -- images ------------------------------------------------------------------------------------
+    def _expand_images(self, request: ChatRequest, tokens: list[int]) -> tuple[list[int], tuple[MMFeature, ...], str]:
+        """The engine's prompt: each image's placeholder expanded to its visual tokens, with the identifier
+        the engine keys its blocks by (the proxy's uuid, hashed with the processor kwargs when there are
+        any). On anything that would make the hashes differ from the engine's: the tokens as they came, no
+        features, and "multimodal" (the request is routed by load, its tokens still size its load)."""
+        tok = self.tokenizer
+        pad = tok.encode(IMAGE_PAD) if tok is not None else []
+        if len(pad) != 1:
+            log.debug("litellm-kv: %s: the tokenizer has no single %s token", self.name, IMAGE_PAD)
+            return tokens, (), "multimodal"
+        kwargs = request.mm_processor_kwargs
+        try:
+            if kwargs:
+                root = self.fleet.model_root()
+                if root is None:
+                    raise IdentifierUnavailable("the engines' model path is not known (/v1/models)")
+                algo = self.options.mm_hasher_algorithm
+                items = [ImageItem(engine_identifier(i.identifier, root, kwargs, algo), i.tokens)
+                         for i in request.images]
+            else:
+                items = list(request.images)
+            expanded = expand_images(tokens, pad[0], items)
+        except (IdentifierUnavailable, ImageExpansionError) as exc:
+            log.debug("litellm-kv: %s: image request routed by load: %s", self.name, exc)
+            return tokens, (), "multimodal"
+        return expanded.token_ids, expanded.features, ""
+
+    def check_image_tokens(self, predicted: int, reported: int) -> None:
+        """A response's visual-token count (the engine's) against the one the placeholders were expanded
+        with. Mismatches mean the hashes of image blocks are wrong: after ``image_mismatch_limit`` of them
+        image requests are routed by load (the count formula or the processor settings disagree)."""
+        if predicted == reported:
+            IMAGE_TOKEN_CHECKS.labels(self.name, "exact").inc()
+            return
+        IMAGE_TOKEN_CHECKS.labels(self.name, "mismatch").inc()
+        self.image_mismatches += 1
+        log.warning("litellm-kv: %s: the engine counted %d visual tokens where %d were predicted", self.name,
+                    reported, predicted)
+        if self.image_mismatches >= IMAGE_MISMATCH_LIMIT and not self.image_routing_off:
+            self.image_routing_off = (
+                f"the engine's visual-token counts differed from litellm-kv's on {self.image_mismatches} responses "
+                f"(last: {reported} vs {predicted}); image requests are routed by load. Check the group's vision "
+                "family and min_pixels/max_pixels against the engine's processor, then restart the proxy.")
+            log.error("litellm-kv: %s: %s", self.name, self.image_routing_off)
 
     # -- learned rates (TTFT cost model) ---------------------------------------------------------------
     def _timings(self, replica: str, timings: EngineTimings) -> None:
@@ -337,7 +442,8 @@ class KVGroup:
         """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
         decision's predicted TTFT per replica."""
         return {"cost_model": self.router.cost.kind, "rates": self.rates.status(),
-                "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()}}
+                "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()},
+                "images": self.image_routing_off or "routed by cache (exact identifiers and counts)"}
 
     # -- router-tracked load -----------------------------------------------------------------------
     async def read_load(self, candidates: Sequence[str]) -> Mapping[str, TrackedLoad]:

@@ -55,6 +55,12 @@ class KVRoutingSettings:
         "the engine: a wrong value makes every prediction miss, which the exactness check then reports.",
         default=None,
     )
+    mm_hasher_algorithm: typing.Literal["blake3", "sha256", "sha512"] = doc(
+        "The engines' --mm-hasher-algorithm. Used for image requests that carry mm_processor_kwargs (a "
+        "client's pixel bounds or a vision downscale), whose image identifiers vLLM hashes with them; "
+        "without kwargs the proxy-set identifier is used verbatim and this does not matter.",
+        default="blake3",
+    )
     report_mode_full: bool = doc(
         "Inject vllm_xargs.kv_cache_report_mode='full' so a cache hit re-announces the reused blocks "
         "(keeps the index's view of recency and late-joined subscribers complete).",

@@ -29,8 +29,9 @@ DECISIONS = counter(
 )
 FALLBACKS = counter(
     "routing_fallbacks",
-    "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, index_unavailable, multimodal, "
-    "skip_prefix_cache, unknown_model.",
+    "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, index_unavailable, multimodal (media "
+    "whose identifiers or counts cannot be known exactly), multimodal_mismatch (the engine's visual-token "
+    "counts disagreed), skip_prefix_cache, unknown_model.",
     ["model_group", "why"],
 )
 DECISION_SECONDS = histogram(
@@ -95,6 +96,9 @@ class RoutingResult:
     expected_hit_tokens: int = 0
     predicted_ttft_s: dict[str, float] = field(default_factory=dict)  # TTFT model: replica -> predicted TTFT
     raw_ttft_s: float = 0.0  # the chosen replica's predicted TTFT before its measured correction
+    block_size: int = 0  # of the hashes (0: none were computed)
+    visual_tokens: int = 0  # image requests routed by cache: the visual tokens the placeholders were expanded to
+    images: list[dict[str, Any]] = field(default_factory=list)  # per image: identifier, offset, tokens, blocks
 
 
 class KVRouter:
@@ -175,7 +179,7 @@ class KVRouter:
         return RoutingResult(
             replica=d.replica, reason=d.reason, predicted_hit_tokens=exact_hits.get(d.replica, 0), prompt_tokens=L,
             wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
-            predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s,
+            predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s, block_size=hasher.block_size,
         )
 
     @staticmethod

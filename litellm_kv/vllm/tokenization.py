@@ -169,8 +169,11 @@ class LocalChatTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        content_format: str | None = None,
     ) -> list[int]:
-        msgs = normalise_messages(messages, self.content_format)
+        """The prompt's token ids; ``content_format`` overrides the verified one (image requests are rendered
+        in the OpenAI form, which is what vLLM gives a template that renders images)."""
+        msgs = normalise_messages(messages, content_format or self.content_format)
         return self.encode(self.render(msgs, tools, add_generation_prompt, chat_template_kwargs))
 
 

@@ -211,3 +211,28 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
     assert status["rates"][R[0]]["correction"] == pytest.approx(2.0)
     blocks = KVGroup(G, KVRoutingSettings(cost_model="blocks"), InMemoryIndex(), None, True, "memory")
     assert blocks.router.cost.kind == "blocks" and blocks.status()["cost_model"] == "blocks"
+
+
+def test_image_requests_fall_back_with_a_named_reason() -> None:
+    """An image request routes by load, and says why, when its images cannot be hashed as the engine does:
+    no verified local tokenizer (multimodal), or after the engine's visual-token counts disagreed with ours
+    (multimodal_mismatch: image routing is switched off for the group, and /health says so)."""
+    from litellm_kv.routing.group import IMAGE_MISMATCH_LIMIT, ChatRequest
+    from litellm_kv.routing.options import KVRoutingSettings
+    from litellm_kv.vllm.multimodal import ImageItem
+
+    image_req = ChatRequest(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                            images=(ImageItem("sha256:" + "0" * 64, 64),))
+
+    async def run() -> tuple[RoutingResult, RoutingResult, dict[str, object]]:
+        g = KVGroup(G, KVRoutingSettings(), InMemoryIndex(), None, True, "memory")
+        first = await g.decide(image_req, R)
+        g.check_image_tokens(64, 64)
+        for _ in range(IMAGE_MISMATCH_LIMIT):
+            g.check_image_tokens(64, 70)
+        return first, await g.decide(image_req, R), g.status()
+
+    first, after, status = asyncio.run(run())
+    assert first.fallback_why == "multimodal" and first.replica in R
+    assert after.fallback_why == "multimodal_mismatch"
+    assert "70 vs 64" in str(status["images"])

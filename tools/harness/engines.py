@@ -24,7 +24,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +255,7 @@ def start_vl_replica(
     extra_args: Sequence[str] = (),
     name: str = "vl",
     timeout: float = START_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
 ) -> EngineReplica:
     """Start one replica of the tiny vision-language model (``ensure_vl_model``) with the vision-language
     engine venv and wait for ``/health``; raises ``RuntimeError`` when that venv is missing."""
@@ -264,7 +265,7 @@ def start_vl_replica(
     for attempt in (1, 2):
         rep = EngineReplica(name=name, port=free_port(), model_dir=model_dir, block_size=block_size,
                             kv_cache_bytes=kv_cache_bytes, events=events, extra_args=tuple(extra_args),
-                            python=VL_ENGINE_PY)
+                            python=VL_ENGINE_PY, env=dict(env or {}))
         t0 = time.monotonic()
         try:
             rep.start()
