@@ -8,7 +8,9 @@ defaults (``tools/harness/testbed.py``). Workloads from the field (``tools/harne
 
 * ``chat`` (a): llm-d's capacity shape scaled down (groups of users sharing a long system prompt, multi-turn);
 * ``fanout`` (b): agentic fan-out (a lead call over a fresh long context, then parallel sub-calls over it);
-* ``unique`` (c): the control, where no routing can win.
+* ``unique`` (c): the control, where no routing can win;
+* ``images`` (d), with ``--vl``: image conversations on replicas of the tiny Qwen2.5-VL model (whose text
+  backbone is the ``ttft`` model's), every group with a vision section, litellm-kv routing images by cache.
 
 Load levels are fractions of what the fleet serves without any cache hit, measured at start-up
 (``--loads 0.5,0.9``: moderate and high). In every cell each routing runs ``--runs`` times in
@@ -67,6 +69,9 @@ SIZES: dict[str, dict[str, Any]] = {
              "reply_tokens": 40},
     "fanout": {"tasks": 5, "fanout": 4, "context_tokens": 4000, "sub_tokens": 100},
     "unique": {"n": 16, "prompt_tokens": 2500},
+    # The vision-language testbed (--vl): 8 MiB caches (256 blocks of 32 tokens per replica); ~1.1K tokens per
+    # conversation, most of them the image's.
+    "images": {"conversations": 12, "turns": 3, "user_tokens": 60, "reply_tokens": 30},
 }
 PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
 def predicted_errors(comp: Comparison) -> list[float]:
@@ -164,7 +169,8 @@ def plots(results: dict[str, Any], out_dir: Path) -> None:
     for name in dict.fromkeys(c["workload"] for c in results["cells"]):
         pts = [(c["rate"], {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
                for c in results["cells"] if c["workload"] == name]
-        title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\n{results['replicas']} vLLM CPU replicas, ttft "
+        model = "tiny Qwen2.5-VL" if results.get("vl") else "ttft"
+        title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\n{results['replicas']} vLLM CPU replicas, {model} "
                  f"model; each point pools {results['runs']} runs per routing (A-B-C-C-B-A-A-B-C)")
         plot(pts, out_dir / f"ttft_{name}.png", title)
 
@@ -172,18 +178,20 @@ def plots(results: dict[str, Any], out_dir: Path) -> None:
 async def main_async(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    bed = start_testbed(args.replicas, name="bttft", kv_overrides=json.loads(args.kv_overrides or "{}"))
+    bed = start_testbed(args.replicas, name="bttft", kv_overrides=json.loads(args.kv_overrides or "{}"),
+                        vl=args.vl, **({"kv_cache": "8M"} if args.vl else {}))
     cells: list[dict[str, Any]] = []
     try:
         async with EngineClient(bed.replicas[0].url) as client:
             info = await client.metrics()
         bs, blocks = int(info.block_size or 0), int(info.num_gpu_blocks or 0)
-        tok = LocalChatTokenizer(bed.replicas[0].model_dir)
+        tok = LocalChatTokenizer(bed.replicas[0].model_dir, content_format="openai" if args.vl else "string")
         hasher = BlockHasher("sha256", bs, hash_seed="0")
         names = args.workloads.split(",")
         for name in names:
             wl = field.make(name, 1.0, **SIZES[name])
-            need, mean_len, max_len = field.distinct_blocks(wl, tok.chat_tokens, hasher)
+            need, mean_len, max_len = (_distinct_vl(wl, tok, hasher) if args.vl
+                                       else field.distinct_blocks(wl, tok.chat_tokens, hasher))
             print(f"[bench] {wl.describe}: prompts {mean_len} tokens on average "
                   f"(max {max_len}), {need} distinct blocks vs {blocks} per replica", flush=True)
         unit = await fleet_speed(bed)
@@ -202,7 +210,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 s["load_fraction"] = f
                 cells.append(s)
                 print_cell(s)
-        results = {"started": started, "replicas": args.replicas, "capacity_req_s": round(capacity, 3),
+        results = {"started": started, "replicas": args.replicas, "vl": args.vl, "capacity_req_s": round(capacity, 3),
                    "unit_s": round(unit, 3), "runs": args.runs, "kv_overrides": args.kv_overrides, "cells": cells,
                    "wall_s": round(time.monotonic() - t0)}
         if args.json:
@@ -219,9 +227,37 @@ async def main_async(args: argparse.Namespace) -> int:
         bed.stop()
 
 
+def _distinct_vl(wl: field.Workload, tok: LocalChatTokenizer, hasher: BlockHasher) -> tuple[int, int, int]:
+    """:func:`field.distinct_blocks` for chats with inline images: each placeholder expanded to the image's
+    count and the blocks hashed with the image identifiers, as the engine holds them."""
+    import base64
+
+    from litellm_kv.governance.images import image_info
+    from litellm_kv.governance.vision import visual_tokens
+    from litellm_kv.vllm.multimodal import ImageItem, expand_images, image_identifier
+
+    (pad,) = tok.encode("<|image_pad|>")
+    seen: set[bytes] = set()
+    lengths = []
+    for r in wl.requests:
+        items = []
+        for m in r.messages:
+            for part in m["content"] if isinstance(m["content"], list) else []:
+                if part.get("type") == "image_url":
+                    raw = base64.b64decode(part["image_url"]["url"].split(",", 1)[1])
+                    info = image_info(raw)
+                    items.append(ImageItem(image_identifier(raw), visual_tokens("qwen2_5_vl", info.width, info.height)))
+        prompt = expand_images(tok.chat_tokens(r.messages), pad, items)
+        lengths.append(len(prompt.token_ids))
+        seen.update(hasher.block_hashes(prompt.token_ids, mm=prompt.features))
+    return len(seen), round(statistics.fmean(lengths)), max(lengths)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--vl", action="store_true",
+                    help="the vision-language testbed (.venv-engine-vl): use with --workloads images,unique")
     ap.add_argument("--workloads", default="chat,fanout,unique")
     ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.5, 0.9])
     ap.add_argument("--control-loads", type=lambda s: [float(x) for x in s.split(",")], default=None,

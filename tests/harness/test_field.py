@@ -97,3 +97,22 @@ def test_abs_error_quantiles_from_the_signed_histogram() -> None:
     doubled = histogram_abs_error([run1, run1])
     assert doubled is not None and doubled["n"] == 20
     assert histogram_abs_error([{}]) is None
+
+
+def test_image_conversations_resend_their_image_and_wait_for_the_previous_turn() -> None:
+    from tools.harness.field import image_chat_workload
+
+    wl = image_chat_workload(conversations=3, turns=3, rate=5.0, seed=1)
+    assert len(wl.requests) == 9
+    by_session: dict[str, list[field.FieldRequest]] = {}
+    for r in wl.requests:
+        by_session.setdefault(r.session, []).append(r)
+    images = set()
+    for turns in by_session.values():
+        first = turns[0].messages[0]["content"][0]["image_url"]["url"]
+        images.add(first)
+        for prev, nxt in itertools.pairwise(turns):
+            assert nxt.after == prev.rid and nxt.messages[: len(prev.messages)] == prev.messages
+            assert nxt.messages[0]["content"][0]["image_url"]["url"] == first
+    assert len(images) == 3 and all(u.startswith("data:image/png;base64,") for u in images)
+    assert image_chat_workload(conversations=3, turns=3, rate=5.0, seed=1) == wl  # deterministic

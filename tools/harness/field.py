@@ -9,7 +9,9 @@ sub-calls for their lead call, as a real client would):
   prompt, every user runs a multi-turn chat (each turn resends the history);
 * ``fanout`` (b): agentic fan-out: each task has its own long context; a lead call reads it, then
   several sub-calls over the same context run in parallel;
-* ``unique`` (c): the control: every prompt is new, so no routing can find a cache hit.
+* ``unique`` (c): the control: every prompt is new, so no routing can find a cache hit;
+* ``images`` (d): image conversations for the vision-language testbed: each opens with its own image, and
+  every later turn resends the history, image included.
 
 Everything is deterministic for a seed, and assistant turns in a chat's history are fixed text (not
 the engine's reply), so every routing strategy is sent exactly the same prompts. Sizes are in
@@ -39,7 +41,7 @@ import httpx
 _SYLLABLES = ("ka", "lo", "mi", "ru", "te", "son", "var", "pel", "dor", "qui", "zen", "bra", "tho", "gli", "nex")
 # Measured: 3.14 tokens per pseudo-word with the tiny/ttft tokenizer (tools/engine/build_model.py).
 TOKENS_PER_WORD = 3.14
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 
 
 def _text(rng: random.Random, tokens: int) -> str:
@@ -127,7 +129,52 @@ def unique_workload(*, n: int = 16, prompt_tokens: int = 2500, rate: float = 1.0
     return Workload("unique", f"(c) {n} unrelated {prompt_tokens}-token prompts", reqs)
 
 
-WORKLOADS = {"chat": chat_workload, "fanout": fanout_workload, "unique": unique_workload}
+def _png(w: int, h: int, rng: random.Random) -> bytes:
+    """A PNG of ``w`` x ``h`` with a random colour and a few random pixels (distinct bytes per draw)."""
+    import io
+
+    from PIL import Image
+
+    img = Image.new("RGB", (w, h), (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    for _ in range(20):
+        img.putpixel((rng.randrange(w), rng.randrange(h)), (rng.randrange(256), rng.randrange(256), rng.randrange(256)))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_chat_workload(*, conversations: int = 12, turns: int = 3, user_tokens: int = 60, reply_tokens: int = 30,
+                        sizes: Sequence[tuple[int, int]] = ((784, 784), (896, 672), (640, 480)), rate: float = 1.0,
+                        seed: int = 4) -> Workload:
+    """(d) Image conversations (the vision-language testbed): each opens with its own image (inline PNG) and a
+    question; every later turn resends the history, image included, and waits for the previous turn."""
+    import base64
+
+    rng = random.Random(seed)
+    history: dict[int, Messages] = {}
+    for c in range(conversations):
+        w, h = sizes[c % len(sizes)]
+        url = "data:image/png;base64," + base64.b64encode(_png(w, h, rng)).decode("ascii")
+        question = {"type": "text", "text": f"Picture {c}. " + _text(rng, user_tokens)}
+        history[c] = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, question]}]
+    left = {c: turns for c in range(conversations)}
+    last: dict[int, int] = {}
+    reqs: list[FieldRequest] = []
+    for rid, at in enumerate(poisson_times(conversations * turns, rate, rng)):
+        c = rng.choice([k for k in left if left[k] > 0])
+        left[c] -= 1
+        if c in last:
+            history[c].append({"role": "user", "content": _text(rng, user_tokens)})
+        reqs.append(FieldRequest(rid, at, list(history[c]), f"img{c}", last.get(c)))
+        history[c].append({"role": "assistant", "content": _text(rng, reply_tokens)})
+        last[c] = rid
+    return Workload("images", f"(d) {conversations} image conversations ({', '.join(f'{w}x{h}' for w, h in sizes)} "
+                    f"PNGs), {turns} turns of +{user_tokens} user +{reply_tokens} assistant tokens, images resent",
+                    reqs)
+
+
+WORKLOADS = {"chat": chat_workload, "fanout": fanout_workload, "unique": unique_workload,
+             "images": image_chat_workload}
 
 
 def make(name: str, rate: float, seed: int | None = None, **sizes: Any) -> Workload:

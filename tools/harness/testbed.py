@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas
+from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas, start_vl_replica
 from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
@@ -42,8 +42,11 @@ MAX_MODEL_LEN = 8192
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def proxy_config(replicas: Sequence[EngineReplica], kv_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Three groups over the same replicas; the KV group with litellm-kv's defaults (plus ``kv_overrides``)."""
+def proxy_config(replicas: Sequence[EngineReplica], kv_overrides: dict[str, Any] | None = None,
+                 vision: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Three groups over the same replicas; the KV group with litellm-kv's defaults (plus ``kv_overrides``).
+    ``vision``: a vision section for all three (the vision-language testbed: every routing's images are
+    counted and identified alike; only the KV group routes by them)."""
     model_dir = str(replicas[0].model_dir)
     model_list = [
         {"model_name": group,
@@ -59,8 +62,10 @@ def proxy_config(replicas: Sequence[EngineReplica], kv_overrides: dict[str, Any]
         },
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "request_timeout": 300},
         "litellm_kv": {"mode": "embedded",
-                       "model_groups": {KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir,
-                                                                    **(kv_overrides or {})}}}},
+                       "model_groups": {
+                           KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, **(kv_overrides or {})},
+                                **({"vision": vision} if vision else {})},
+                           **({g: {"vision": vision} for g in (SHUFFLE, LEAST_BUSY)} if vision else {})}},
     }
 
 
@@ -77,13 +82,26 @@ class Testbed:
 
 
 def start_testbed(replicas: int = 2, *, kv_cache: str = KV_CACHE, kv_overrides: dict[str, Any] | None = None,
-                  name: str = "ttft") -> Testbed:
-    reps = start_replicas(replicas, kv_cache_bytes=kv_cache, model="ttft", max_model_len=MAX_MODEL_LEN,
-                          env=ENGINE_ENV, name_prefix=name)
+                  name: str = "ttft", vl: bool = False) -> Testbed:
+    """``vl``: replicas of the tiny Qwen2.5-VL model (its text backbone is the ``ttft`` model's: same widths and
+    layers) with a vision section on every group, ``kv_cache`` per replica (8M: 8,192 tokens)."""
+    if vl:
+        reps: list[EngineReplica] = []
+        try:
+            for i in range(replicas):
+                reps.append(start_vl_replica(kv_cache_bytes=kv_cache, name=f"{name}-vl{i}", env=ENGINE_ENV))
+        except BaseException:
+            for r in reps:
+                r.stop()
+            raise
+    else:
+        reps = start_replicas(replicas, kv_cache_bytes=kv_cache, model="ttft", max_model_len=MAX_MODEL_LEN,
+                              env=ENGINE_ENV, name_prefix=name)
+    vision = {"family": "qwen2_5_vl"} if vl else None
     try:
         # A generous start-up bound: on this shared 2-core machine a proxy beside two busy engines has taken
         # more than the harness's default 120 s to answer.
-        proxy = start_proxy(proxy_config(reps, kv_overrides), name=f"{name}-proxy", timeout=300)
+        proxy = start_proxy(proxy_config(reps, kv_overrides, vision), name=f"{name}-proxy", timeout=300)
     except BaseException:
         for r in reps:
             r.stop()
