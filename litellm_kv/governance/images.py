@@ -119,6 +119,31 @@ def find_media(data: Mapping[str, Any]) -> tuple[list[ImagePart], list[VideoPart
     return images, videos
 
 
+def drop_part_uuids(data: Mapping[str, Any]) -> int:
+    """Remove ``uuid`` from every content part of ``messages`` (nested tool-result content included), whatever
+    the part's type; the number removed. vLLM keys an item's cached blocks, processed pixels and encoder
+    output by a part's ``uuid``: a client's could name another client's image. Tolerant of any shape (the
+    vision count, when the group has one, refuses malformed media itself)."""
+    removed = 0
+
+    def walk(parts: object, depth: int) -> None:
+        nonlocal removed
+        if depth > 4 or not isinstance(parts, list):
+            return
+        for part in parts:
+            if isinstance(part, dict):
+                if "uuid" in part:
+                    del part["uuid"]
+                    removed += 1
+                walk(part.get("content"), depth + 1)
+
+    items = data.get("messages")
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, Mapping):
+            walk(item.get("content"), 0)
+    return removed
+
+
 def part_kind(part: Mapping[str, Any]) -> str | None:
     """What the engine takes a content part for, by vLLM's own rule: its ``type``, unless the part has no
     type or has a ``uuid``; then the first media key present. So ``{"image_url": ...}`` without a type, or a

@@ -27,7 +27,7 @@ from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
 from litellm_kv.errors import PolicyViolation
-from litellm_kv.governance.images import ImageError, find_media
+from litellm_kv.governance.images import ImageError, drop_part_uuids, find_media
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
@@ -184,7 +184,13 @@ class KVRoutingHandler(Handler):
 
     async def pre_call(self, req: ProxyRequest) -> None:
         opts = self.options.get(req.model_group)
-        if opts is None or opts.tenant_isolation == "none":
+        if opts is None:
+            return
+        # The engines are vLLM: a client's media uuid would name what vLLM cached for another client's image
+        # (blocks, processed pixels, encoder output; the cache salt does not cover the latter two). With a
+        # vision section, the proxy sets its own identifiers afterwards.
+        drop_part_uuids(req.data)
+        if opts.tenant_isolation == "none":
             return
         c = req.caller
         tenant = (f"team:{c.team_id}" if opts.tenant_isolation == "team" and c.team_id

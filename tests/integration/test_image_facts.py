@@ -4,6 +4,7 @@ sends the engine (``vision_hooks.set_image_uuids``): pure functions over request
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from litellm_kv.integration.routing_hooks import _chat_request, _image_items
@@ -74,3 +75,22 @@ def test_the_engine_gets_the_proxys_identifiers_and_the_counted_bytes() -> None:
     assert parts[2] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}, "uuid": B}
     # One that was not fetched keeps its URL and gets no identifier: the engine hashes what it downloads.
     assert parts[3] == {"type": "image_url", "image_url": {"url": "http://h/y.png"}}
+
+
+def test_a_kv_group_never_forwards_a_clients_media_uuid() -> None:
+    """Whether or not the group has a vision section: vLLM would reuse what it cached under that uuid."""
+    import asyncio
+
+    from litellm_kv.config import Settings, parse_section
+    from litellm_kv.integration.hooks import Caller, ProxyRequest
+    from litellm_kv.integration.routing_hooks import KVRoutingHandler
+
+    settings = parse_section(Settings, {"model_groups": {"g": {"routing": "kv"}}}, "litellm_kv")
+    data = _req({**_img(), "uuid": "victims-image"}, {"type": "text", "text": "x", "uuid": "u2",
+                                                       "image_url": {"url": "http://h/z.png"}})
+    data["messages"].append({"role": "tool", "content": [{"type": "tool_result", "content": [
+        {**_img(), "uuid": "nested"}]}]})
+    req = ProxyRequest(data=data, caller=Caller(key_alias="k"), model_group="g", call_type="acompletion",
+                       settings=settings, group=settings.group("g"), record_key="call-1")
+    asyncio.run(KVRoutingHandler(settings).pre_call(req))
+    assert "uuid" not in json.dumps(data)
