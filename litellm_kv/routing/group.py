@@ -443,7 +443,8 @@ class KVGroup:
         decision's predicted TTFT per replica."""
         return {"cost_model": self.router.cost.kind, "rates": self.rates.status(),
                 "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()},
-                "images": self.image_routing_off or "routed by cache (exact identifiers and counts)"}
+                "images": self.image_routing_off or ("routed by cache when the group has a vision section of a "
+                                                     "Qwen-VL family and a verified local tokenizer")}
 
     # -- router-tracked load -----------------------------------------------------------------------
     async def read_load(self, candidates: Sequence[str]) -> Mapping[str, TrackedLoad]:
