@@ -88,3 +88,17 @@ def test_lease_assignment_defaults_are_valid(tmp_path: Path) -> None:
     cfg = load_indexer_config(p)
     assert cfg.assignment == "lease" and cfg.indexer_id is None
     assert cfg.heartbeat_ttl_s > cfg.lease_ttl_s + cfg.lease_renew_interval_s + cfg.heartbeat_interval_s
+
+
+def test_apply_call_size_is_a_checked_setting(tmp_path: Path) -> None:
+    from litellm_kv.services.indexer.service import Indexer
+
+    p = tmp_path / "ix.yaml"
+    p.write_text(LEASE_BASE + "apply_call_blocks: 64\n")
+    cfg = load_indexer_config(p)
+    assert cfg.apply_call_blocks == 64
+    assert Indexer(cfg).index.apply_call_blocks == 64  # reaches the Redis index (no connection is made yet)
+    for bad in ("0", "100000", "many"):
+        p.write_text(LEASE_BASE + f"apply_call_blocks: {bad}\n")
+        with pytest.raises(ConfigError, match="apply_call_blocks"):
+            load_indexer_config(p)

@@ -177,6 +177,13 @@ class IndexerSettings:
         "Longest wait between Redis reconnection attempts (exponential backoff from 0.1 s).", default=5.0
     )
     engine_timeout_s: float = doc("Timeout of HTTP calls to the engines.", default=5.0)
+    apply_call_blocks: int = doc(
+        "Block hashes one Redis apply script call carries at most (several queued batches of a stream go in one "
+        "call up to this; a single larger batch goes alone). Larger calls mean fewer round trips and more blocks "
+        "per second, but each call holds the Redis shard for its whole run (about 2.3 us of Redis CPU per block), "
+        "which every proxy's lookup on that shard waits behind.",
+        default=256,
+    )
 
     def validate(self) -> None:
         if (self.redis is None) == (not self.redis_url):
@@ -187,6 +194,8 @@ class IndexerSettings:
             raise ValueError("exactness_sample_rate must be within [0, 1]")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must exceed heartbeat_interval_s")
+        if not 1 <= self.apply_call_blocks <= 65536:
+            raise ValueError(f"apply_call_blocks is {self.apply_call_blocks}; use 1 to 65536 block hashes per call")
         self._validate_assignment()
         for name, group in self.model_groups.items():
             if not group.replicas:

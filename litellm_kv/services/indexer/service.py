@@ -129,7 +129,7 @@ class Indexer:
 
     def __init__(self, cfg: IndexerSettings, index: RedisIndex | None = None) -> None:
         self.cfg = cfg
-        self.index = index or RedisIndex(cfg.redis_target())
+        self.index = index or RedisIndex(cfg.redis_target(), apply_call_blocks=cfg.apply_call_blocks)
         self.ctx = zmq.asyncio.Context()
         self.replicas: dict[tuple[str, str], ReplicaRuntime] = {}
         self._hashers: dict[tuple[str, int, str], BlockHasher] = {}
