@@ -212,7 +212,8 @@ class RateBook:
         def mix(a: float, b: float) -> float:
             return w * a + (1.0 - w) * b
 
-        return ReplicaRates(mix(own.prefill_s_per_token, peers.prefill_s_per_token), own.prefill_overhead_s,
+        return ReplicaRates(mix(own.prefill_s_per_token, peers.prefill_s_per_token),
+                            mix(own.prefill_overhead_s, peers.prefill_overhead_s),
                             mix(own.decode_step_s, peers.decode_step_s), mix(own.output_tokens, peers.output_tokens),
                             own.correction, own.engine_prefills, own.measured_ttfts)
 

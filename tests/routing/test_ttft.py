@@ -231,6 +231,17 @@ def _scraped(book: RateBook, replica: str, prefills: int, secs: float, tokens: i
                                                output_count=outputs))
 
 
+def test_a_small_engines_capped_overheads_are_pooled_too() -> None:
+    """Requests that prefill in 2 and 6 ms cap the 5 ms overhead at 1 and 3 ms: noise of two requests each,
+    pulled to the group's mean like the other rates."""
+    book = RateBook(TtftSettings())
+    _scraped(book, "a", 2, 0.004, 500, itl_s=0.012, steps=6, outputs=2)
+    _scraped(book, "b", 2, 0.012, 500, itl_s=0.012, steps=6, outputs=2)
+    a, b = book.rates("a"), book.rates("b")
+    assert b.prefill_overhead_s / a.prefill_overhead_s < 1.1
+    assert a.prefill_overhead_s == pytest.approx(0.002, rel=0.05)
+
+
 def test_replicas_with_little_data_share_the_groups_rates() -> None:
     # Two replicas of one model, two small requests each: the noise of those few sets their own fits
     # apart (3× in per-token rate, 2× in decode step), and that noise must not decide between them.
