@@ -12,10 +12,13 @@ vLLM itself does with those bodies is checked without a proxy: Pillow sizes in
 from __future__ import annotations
 
 import base64
+import hashlib
+import http.server
 import io
 import struct
+import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -34,22 +37,49 @@ KEYS: dict[str, dict[str, Any]] = {
 }
 
 
+class _Switching(http.server.BaseHTTPRequestHandler):
+    """An image server that answers the first fetch of a path with a small PNG and every later one with a
+    large one (what a hostile client's server would do to the proxy's fetch and then the engine's)."""
+
+    seen: ClassVar[dict[str, int]] = {}
+
+    def do_GET(self) -> None:
+        n = self.seen[self.path] = self.seen.get(self.path, 0) + 1
+        body = png(28, 28) if n == 1 else png(2000, 2000)
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[dict[str, Any]]:
     upstream, url = start_fake_upstream("vl-adversarial")
+    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Switching)
+    thread = threading.Thread(target=images.serve_forever, daemon=True)
+    thread.start()
     config = {
         "model_list": [{"model_name": "qwen-vl", "litellm_params": {"model": "hosted_vllm/fake-model",
                                                                     "api_base": url + "/v1"}}],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
-        "litellm_kv": {"model_groups": {"qwen-vl": {"vision": {"family": "qwen2_5_vl"}}}},
+        "litellm_kv": {"model_groups": {"qwen-vl": {"vision": {"family": "qwen2_5_vl",
+                                                               "fetch": {"allow_hosts": ["127.0.0.1"]}}}}},
     }
-    proxy = start_proxy(config, name="litellm-adversarial-media", keys=KEYS,
-                        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     try:
-        yield {"proxy": proxy, "upstream": url}
+        proxy = start_proxy(config, name="litellm-adversarial-media", keys=KEYS,
+                            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        try:
+            yield {"proxy": proxy, "upstream": url, "images": f"http://127.0.0.1:{images.server_address[1]}"}
+        finally:
+            proxy.stop()
     finally:
-        proxy.stop()
         upstream.stop()
+        images.shutdown()
+        thread.join(5)
 
 
 def png(w: int, h: int) -> bytes:
@@ -129,6 +159,31 @@ def test_max_visual_tokens_text_part_with_uuid_and_image_is_counted(stack: dict[
     r = post(stack["proxy"], "sk-cap", [{"role": "user", "content": [part]}])
     assert r.status_code == 400, r.text
     assert "needs 1024 visual tokens" in error_of(r)
+
+
+def test_max_visual_tokens_a_fetched_image_reaches_the_engine_as_the_bytes_that_were_counted(
+    stack: dict[str, Any],
+) -> None:
+    """The server answers the proxy's fetch with 28x28 (4 tokens, under the cap) and any later fetch with
+    2000x2000 (over it): the engine is sent the 28x28 bytes, under their identifier, not the URL."""
+    r = post(stack["proxy"], "sk-cap", user_image(stack["images"] + "/switch.png"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-litellm-kv-visual-tokens"] == "4"
+    part = upstream_bodies(stack["upstream"])[-1]["messages"][0]["content"][1]
+    url = part["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    raw = base64.b64decode(url.split(",", 1)[1])
+    assert raw == png(28, 28) and part["uuid"] == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert _Switching.seen["/switch.png"] == 1  # only the proxy fetched it
+
+
+def test_max_visual_tokens_a_clients_uuid_never_reaches_the_engine(stack: dict[str, Any]) -> None:
+    raw = png(56, 56)
+    part = {"type": "image_url", "image_url": {"url": data_url(raw)}, "uuid": "someone-elses-image"}
+    r = post(stack["proxy"], "sk-plain", [{"role": "user", "content": [part]}])
+    assert r.status_code == 200, r.text
+    sent = upstream_bodies(stack["upstream"])[-1]["messages"][0]["content"][0]
+    assert sent["uuid"] == "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 # -- processor bounds from the client ------------------------------------------------------------
