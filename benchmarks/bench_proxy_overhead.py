@@ -20,13 +20,19 @@ group and their ratio, and the routing-decision time measured inside the proxy
 the cell; quantiles interpolated within buckets as Prometheus' ``histogram_quantile`` does, plus
 the exact share of decisions <= 5 ms, a bucket bound).
 
-Modes: ``embedded`` (index and KV-event subscribers in the proxy) and ``shared`` (a real
+Modes: ``embedded`` (index and KV-event subscribers in the proxy), ``shared`` (a real
 ``redis-server`` and a ``litellm-kv indexer`` process; the proxy reads the Redis index and keeps
-load in Redis). ``--repeat R`` measures every cell R times with fresh prompts and reports the
-median of the per-repeat p50 ratios.
+load in Redis) and ``cluster`` (a real Redis Cluster of 3 masters + 3 replicas, the indexer on it,
+and ``--proxies N`` proxy processes, 4 by default, each configured with ``redis.cluster_nodes``;
+each cell's pairs go round-robin over the proxies, both requests of a pair through the same proxy,
+and the decision histogram is read from every proxy and reported per proxy and pooled). Every
+process of a run shares the machine's CPU: on a 2-core machine the two vLLM replicas, the six
+``redis-server`` processes, the indexer, the proxies and the client all compete for it.
+``--repeat R`` measures every cell R times with fresh prompts and reports the median of the
+per-repeat p50 ratios.
 
     .venv/bin/python benchmarks/bench_proxy_overhead.py [--requests 60] [--repeat 3] \\
-        [--modes embedded,shared] [--sizes 1024,8192]
+        [--modes embedded,shared,cluster] [--proxies 4] [--sizes 1024,8192]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, stop_replicas
 from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.redis_cluster import RedisClusterServers
 from tools.harness.redis_server import RedisServer
 
 KV = "tiny-kv"
@@ -256,8 +263,9 @@ def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
     return reps
 
 
-def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis_url: str | None,
+def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis: dict[str, Any] | None,
                  tokenizer: str = "auto", report_mode_full: bool = True) -> dict[str, Any]:
+    """``redis``: the ``litellm_kv.redis`` section (``{"url": ...}`` or ``{"cluster_nodes": [...]}``)."""
     model_list = []
     for group in (KV, DEFAULT):
         for i, r in enumerate(engines):
@@ -270,8 +278,8 @@ def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis_
         KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, "tokenizer": tokenizer, "scrape_interval_s": 1.0,
                                      "report_mode_full": report_mode_full}},
     }}
-    if redis_url:
-        section["redis_url"] = redis_url
+    if redis:
+        section["redis"] = redis
     return {
         "model_list": model_list,
         "router_settings": {"routing_strategy": "simple-shuffle", "num_retries": 2, "allowed_fails": 1,
@@ -282,11 +290,11 @@ def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis_
 
 
 @contextmanager
-def indexer(redis_url: str, engines: list[EngineReplica]) -> Iterator[str]:
+def indexer(redis: dict[str, Any], engines: list[EngineReplica]) -> Iterator[str]:
     port = free_port()
     path = ARTIFACTS / f"bench-indexer-{port}.yaml"
     path.write_text(yaml.safe_dump({
-        "redis_url": redis_url, "port": port, "heartbeat_interval_s": 2.0, "discovery_interval_s": 1.0,
+        "redis": redis, "port": port, "heartbeat_interval_s": 2.0, "discovery_interval_s": 1.0,
         "model_groups": {KV: {"replicas": [{"api_base": e.api_base} for e in engines]}},
     }))
     proc = ManagedProcess("bench-indexer", [sys.executable, "-m", "litellm_kv.cli", "indexer", "--config", str(path)],
@@ -325,7 +333,8 @@ class CellResult:
     tokens: list[int] = field(default_factory=list)
     ms: dict[str, list[float]] = field(default_factory=lambda: {"kv": [], "default": [], "engine": []})
     kv_replicas: dict[str, int] = field(default_factory=dict)
-    hist: Histogram | None = None
+    hist: Histogram | None = None  # pooled over the proxies
+    per_proxy: list[Histogram] = field(default_factory=list)  # one per proxy, in start order
     lookup: Histogram | None = None  # litellm_kv_index_lookup_seconds (the index round trip, in the decision)
     gc_slow: float = 0.0  # the proxy's garbage-collection pauses over 5 ms during the cell
 
@@ -355,13 +364,14 @@ async def prefill_everywhere(client: httpx.AsyncClient, engines: list[EngineRepl
     await asyncio.gather(*(chat(client, e.url + "/v1/chat/completions", body) for e in engines))
 
 
-async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, cell: CellResult,
+async def run_cell(proxies: Sequence[Proxy], engines: list[EngineReplica], prompts: Prompts, cell: CellResult,
                    n: int, max_tokens: int, settle_s: float = 0.0) -> None:
+    """Pair i goes through ``proxies[i % len(proxies)]`` (both groups through the same proxy)."""
     items = prompts.cell(cell.shape, cell.size, n)
-    url = f"{proxy.url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=180) as client:
-        before = scrape(proxy)
+        before = [scrape(p) for p in proxies]
         for i, msgs in enumerate(items):
+            url = f"{proxies[i % len(proxies)].url}/v1/chat/completions"
             cell.tokens.append(prompts.tokens(msgs))
             await prefill_everywhere(client, engines, msgs)
             order = [KV, DEFAULT] if i % 2 == 0 else [DEFAULT, KV]
@@ -377,45 +387,57 @@ async def run_cell(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts,
             ms, _ = await chat(client, engine.url + "/v1/chat/completions",
                                {"model": SERVED_NAME, "messages": msgs, "max_tokens": max_tokens, "temperature": 0})
             cell.ms["engine"].append(ms)
-        after = scrape(proxy)
-        cell.hist = Histogram.between(before, after, KV)
-        cell.lookup = Histogram.between(before, after, KV, "litellm_kv_index_lookup_seconds")
-        cell.gc_slow = gc_pauses_over(before, after, "0.005")
+        after = [scrape(p) for p in proxies]
+        cell.per_proxy = [Histogram.between(b, a, KV) for b, a in zip(before, after, strict=True)]
+        cell.hist = Histogram.pool(cell.per_proxy)
+        cell.lookup = Histogram.pool([Histogram.between(b, a, KV, "litellm_kv_index_lookup_seconds")
+                                      for b, a in zip(before, after, strict=True)])
+        cell.gc_slow = sum(gc_pauses_over(b, a, "0.005") for b, a in zip(before, after, strict=True))
 
 
 async def warm_up(proxy: Proxy, engines: list[EngineReplica], prompts: Prompts, n: int, max_tokens: int,
                   settle_s: float) -> None:
     """Not measured: LiteLLM's first requests per group, connection pools, the proxy's code paths."""
     scratch = CellResult("warm-up", -1, "first", 1024)
-    await run_cell(proxy, engines, prompts, scratch, n, max_tokens, settle_s)
+    await run_cell([proxy], engines, prompts, scratch, n, max_tokens, settle_s)
 
 
 def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argparse.Namespace,
              sizes: list[int]) -> list[CellResult]:
     results: list[CellResult] = []
     with ExitStack() as stack:
-        redis_url = None
+        redis: dict[str, Any] | None = None
         if mode == "shared":
             srv = RedisServer(name="bench-overhead-redis")
             stack.callback(srv.stop)
-            redis_url = srv.url
-            stack.enter_context(indexer(redis_url, engines))
-        proxy = start_proxy(proxy_config(engines, model_dir, mode, redis_url, args.tokenizer,
-                                         not args.no_report_mode_full),
-                            name=f"bench-proxy-{mode}")
-        stack.callback(proxy.stop)
-        state = wait_exact(proxy, args.tokenizer)
-        print(f"[{mode}] proxy ready: KV group exact, tokenizer {state['tokenizer']}", flush=True)
-        asyncio.run(warm_up(proxy, engines, Prompts(model_dir, seed=999), args.warmup, args.max_tokens,
-                                    args.settle_ms / 1000))
+            redis = {"url": srv.url}
+        elif mode == "cluster":
+            cluster = RedisClusterServers(masters=3, replicas=1, name="bench-overhead-cluster")
+            stack.callback(cluster.stop)
+            redis = {"cluster_nodes": cluster.startup_nodes}
+            print(f"[{mode}] Redis Cluster up: 3 masters + 3 replicas", flush=True)
+        if redis is not None:
+            stack.enter_context(indexer(redis, engines))
+        proxies: list[Proxy] = []
+        for p in range(args.proxies if mode == "cluster" else 1):
+            proxy = start_proxy(proxy_config(engines, model_dir, "embedded" if mode == "embedded" else "shared",
+                                             redis, args.tokenizer, not args.no_report_mode_full),
+                                name=f"bench-proxy-{mode}-{p}")
+            stack.callback(proxy.stop)
+            proxies.append(proxy)
+        for p, proxy in enumerate(proxies):
+            state = wait_exact(proxy, args.tokenizer)
+            print(f"[{mode}] proxy {p} ready: KV group exact, tokenizer {state['tokenizer']}", flush=True)
+            asyncio.run(warm_up(proxy, engines, Prompts(model_dir, seed=999 + p), args.warmup, args.max_tokens,
+                                args.settle_ms / 1000))
         for rep in range(args.repeat):
-            prompts = Prompts(model_dir, seed=1000 * rep + (0 if mode == "embedded" else 500))
+            prompts = Prompts(model_dir, seed=1000 * rep + {"embedded": 0, "shared": 500}.get(mode, 700))
             for size in sizes:
                 for shape in ("first", "conversation"):
                     cell = CellResult(mode, rep, shape, size)
                     t0 = time.monotonic()
-                    asyncio.run(run_cell(proxy, engines, prompts, cell, args.requests, args.max_tokens,
-                                                 args.settle_ms / 1000))
+                    asyncio.run(run_cell(proxies, engines, prompts, cell, args.requests, args.max_tokens,
+                                         args.settle_ms / 1000))
                     results.append(cell)
                     print(f"[{mode}] repeat {rep} {shape:<12} {size:>5}: " + line(cell)
                           + f"  ({time.monotonic() - t0:.0f}s)", flush=True)
@@ -472,7 +494,35 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
         verdict = "ok" if ratio <= 1.15 and (size < 8192 or p99 < 5) else "MISSED"
         out.append(f"{mode:<9} {shape:<13} {size:>5}  {ratio:9.3f} {delta:6.1f} {pooled.count:9.0f} {p99:15.2f} "
                    f"{100 * pooled.share_within(0.005):5.1f}%  {verdict}")
+    out += per_proxy_report(results)
     return "\n".join(out)
+
+
+def per_proxy_report(results: list[CellResult]) -> list[str]:
+    """Cluster mode: the decision histogram of each proxy, pooled over repeats (and over both cell
+    shapes in the ``all`` rows), then all proxies pooled; target p99 < 5 ms at 8K for each."""
+    cells = [c for c in results if len(c.per_proxy) > 1]
+    if not cells:
+        return []
+    n = len(cells[0].per_proxy)
+    out = ["", f"Per proxy ({n} proxies on one Redis Cluster, pairs sent round-robin): routing-decision time in ms, "
+           "pooled over repeats; every process of the run shares this machine's CPU (target: p99 < 5 ms at 8K)",
+           f"{'mode':<9} {'size':>5} {'cell':<13} {'proxy':>6} {'decisions':>9} {'p50':>6} {'p95':>6} {'p99':>6} "
+           f"{'≤5ms':>6} {'fb':>3}"]
+    for mode, size in sorted({(c.mode, c.size) for c in cells}):
+        for shape in ("first", "conversation", "all"):
+            cs = [c for c in cells if (c.mode, c.size) == (mode, size) and shape in ("all", c.shape)]
+            if not cs:
+                continue
+            rows = [(str(i), Histogram.pool([c.per_proxy[i] for c in cs])) for i in range(n)]
+            rows.append(("pooled", Histogram.pool([h for c in cs for h in c.per_proxy])))
+            for name, h in rows:
+                p99 = 1000 * h.quantile(.99)
+                verdict = "" if size < 8192 else "ok" if p99 < 5 else "MISSED"
+                out.append(f"{mode:<9} {size:>5} {shape:<13} {name:>6} {h.count:9.0f} {1000 * h.quantile(.5):6.2f} "
+                           f"{1000 * h.quantile(.95):6.2f} {p99:6.2f} {100 * h.share_within(0.005):5.1f}% "
+                           f"{h.fallbacks:3.0f}  {verdict}")
+    return out
 
 
 def main() -> int:
@@ -481,6 +531,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--modes", default="embedded,shared")
+    ap.add_argument("--proxies", type=int, default=4,
+                    help="cluster mode: proxy processes, each cell's pairs sent round-robin over them")
     ap.add_argument("--sizes", default="1024,8192")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--settle-ms", type=float, default=50.0,
@@ -507,7 +559,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps([
             {"mode": c.mode, "repeat": c.repeat, "shape": c.shape, "size": c.size, "tokens": c.tokens, "ms": c.ms,
              "kv_replicas": c.kv_replicas,
-             "decision_buckets": dict(zip(map(str, c.hist.bounds), c.hist.cumulative, strict=True)) if c.hist else None}
+             "decision_buckets": dict(zip(map(str, c.hist.bounds), c.hist.cumulative, strict=True)) if c.hist else None,
+             "decision_buckets_per_proxy": [dict(zip(map(str, h.bounds), h.cumulative, strict=True))
+                                            for h in c.per_proxy]}
             for c in results
         ], indent=1))
     return 0
