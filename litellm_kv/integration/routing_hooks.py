@@ -27,7 +27,7 @@ from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
 from litellm_kv.errors import PolicyViolation
-from litellm_kv.governance.images import ImageError, drop_part_uuids, find_media
+from litellm_kv.governance.images import ImageError, drop_part_uuids, find_media, part_kind
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
@@ -105,13 +105,18 @@ class _Route:
 
 
 def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list) and any(
-            isinstance(p, Mapping) and p.get("type") not in (None, "text") for p in content
-        ):
-            return True
-    return False
+    """Whether any content part (nested tool-result content included) is something other than text by vLLM's
+    own rule (``part_kind``: an untyped part with an ``image_url`` is an image)."""
+    def any_media(parts: object, depth: int) -> bool:
+        if depth > 4 or not isinstance(parts, list):
+            return False
+        for p in parts:
+            if isinstance(p, Mapping) and (part_kind(p) not in (None, "text") or any_media(p.get("content"),
+                                                                                          depth + 1)):
+                return True
+        return False
+
+    return any(isinstance(m, Mapping) and any_media(m.get("content"), 0) for m in messages)
 
 
 class KVRoutingHandler(Handler):

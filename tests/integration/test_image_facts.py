@@ -94,3 +94,15 @@ def test_a_kv_group_never_forwards_a_clients_media_uuid() -> None:
                        settings=settings, group=settings.group("g"), record_key="call-1")
     asyncio.run(KVRoutingHandler(settings).pre_call(req))
     assert "uuid" not in json.dumps(data)
+
+
+def test_media_is_found_by_vllms_rule_not_only_by_type() -> None:
+    """An untyped part with an ``image_url`` (vLLM reads it as an image) and an image inside a tool result
+    are media: without a vision count such requests are routed by load, never hashed as text."""
+    untyped = {"model": "g", "messages": [{"role": "user", "content": [{"image_url": {"url": "data:x"}}]}]}
+    nested = {"model": "g", "messages": [{"role": "tool", "content": [{"type": "tool_result", "content": [
+        _img()]}]}]}
+    text_only = {"model": "g", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert _chat_request(untyped, [], None).has_unhashable_media
+    assert _chat_request(nested, [], None).has_unhashable_media
+    assert not _chat_request(text_only, [], None).has_unhashable_media
