@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import io
 import struct
-import threading
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +24,7 @@ from PIL import Image
 
 from litellm_kv.governance.vision import visual_tokens
 from tests.support.fake_upstream import start_fake_upstream
+from tests.support.image_server import image_server
 from tools.harness.proxy import Proxy, start_proxy
 
 pytestmark = pytest.mark.proxy
@@ -37,31 +36,20 @@ KEYS: dict[str, dict[str, Any]] = {
 }
 
 
-class _Switching(http.server.BaseHTTPRequestHandler):
-    """An image server that answers the first fetch of a path with a small PNG and every later one with a
-    large one (what a hostile client's server would do to the proxy's fetch and then the engine's)."""
+#: Fetches per path of the switching image server.
+_SEEN: dict[str, int] = {}
 
-    seen: ClassVar[dict[str, int]] = {}
 
-    def do_GET(self) -> None:
-        n = self.seen[self.path] = self.seen.get(self.path, 0) + 1
-        body = png(28, 28) if n == 1 else png(2000, 2000)
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+def _switching(path: str) -> bytes:
+    """The first fetch of a path gets a small PNG, every later one a large one (what a hostile client's
+    server would do to the proxy's fetch and then the engine's)."""
+    n = _SEEN[path] = _SEEN.get(path, 0) + 1
+    return png(28, 28) if n == 1 else png(2000, 2000)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[dict[str, Any]]:
     upstream, url = start_fake_upstream("vl-adversarial")
-    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Switching)
-    thread = threading.Thread(target=images.serve_forever, daemon=True)
-    thread.start()
     config = {
         "model_list": [{"model_name": "qwen-vl", "litellm_params": {"model": "hosted_vllm/fake-model",
                                                                     "api_base": url + "/v1"}}],
@@ -70,16 +58,15 @@ def stack() -> Iterator[dict[str, Any]]:
                                                                "fetch": {"allow_hosts": ["127.0.0.1"]}}}}},
     }
     try:
-        proxy = start_proxy(config, name="litellm-adversarial-media", keys=KEYS,
-                            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        try:
-            yield {"proxy": proxy, "upstream": url, "images": f"http://127.0.0.1:{images.server_address[1]}"}
-        finally:
-            proxy.stop()
+        with image_server(_switching) as images:
+            proxy = start_proxy(config, name="litellm-adversarial-media", keys=KEYS,
+                                env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+            try:
+                yield {"proxy": proxy, "upstream": url, "images": images}
+            finally:
+                proxy.stop()
     finally:
         upstream.stop()
-        images.shutdown()
-        thread.join(5)
 
 
 def png(w: int, h: int) -> bytes:
@@ -174,7 +161,7 @@ def test_max_visual_tokens_a_fetched_image_reaches_the_engine_as_the_bytes_that_
     assert url.startswith("data:image/png;base64,")
     raw = base64.b64decode(url.split(",", 1)[1])
     assert raw == png(28, 28) and part["uuid"] == "sha256:" + hashlib.sha256(raw).hexdigest()
-    assert _Switching.seen["/switch.png"] == 1  # only the proxy fetched it
+    assert _SEEN["switch.png"] == 1  # only the proxy fetched it
 
 
 def test_max_visual_tokens_a_clients_uuid_never_reaches_the_engine(stack: dict[str, Any]) -> None:

@@ -15,12 +15,10 @@ over the same replicas, and the counts used for routing, for the limits and for 
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import json
 import random
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from tests.support.image_server import image_server
 from tools.harness.engines import VL_ENGINE_PY, EngineReplica, reset_prefix_caches, start_vl_replica
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
@@ -73,26 +72,8 @@ def files() -> Iterator[tuple[str, dict[str, bytes]]]:
     """A local HTTP server for image URLs (``/<name>.png``); the proxy may fetch from 127.0.0.1."""
     served: dict[str, bytes] = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = served.get(self.path.lstrip("/"))
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", served
-    finally:
-        server.shutdown()
-        thread.join(5)
+    with image_server(served.get) as base:
+        yield base, served
 
 
 @pytest.fixture(scope="module")

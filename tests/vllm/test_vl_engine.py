@@ -12,7 +12,6 @@ placeholder run carries ``(identifier, offset from the block start)`` in its eve
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import json
 import os
@@ -42,6 +41,7 @@ from litellm_kv.vllm.multimodal import (
     image_identifier,
 )
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
+from tests.support.image_server import image_server
 from tools.harness.engines import SERVED_NAME, VL_ENGINE_PY, EngineReplica, start_vl_replica
 
 pytestmark = [pytest.mark.engine]
@@ -363,26 +363,8 @@ def url_server() -> Iterator[tuple[str, dict[str, bytes]]]:
     """A local HTTP server the engine fetches image URLs from (``/<name>.png``)."""
     files: dict[str, bytes] = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = files.get(self.path.lstrip("/"))
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", files
-    finally:
-        server.shutdown()
-        thread.join(5)
+    with image_server(files.get) as base:
+        yield base, files
 
 
 def _user(*parts: Any) -> dict[str, Any]:
