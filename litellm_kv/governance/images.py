@@ -20,7 +20,7 @@ from __future__ import annotations
 import binascii
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -119,28 +119,32 @@ def find_media(data: Mapping[str, Any]) -> tuple[list[ImagePart], list[VideoPart
     return images, videos
 
 
-def drop_part_uuids(data: Mapping[str, Any]) -> int:
-    """Remove ``uuid`` from every content part of ``messages`` (nested tool-result content included), whatever
-    the part's type; the number removed. vLLM keys an item's cached blocks, processed pixels and encoder
-    output by a part's ``uuid``: a client's could name another client's image. Tolerant of any shape (the
-    vision count, when the group has one, refuses malformed media itself)."""
-    removed = 0
-
-    def walk(parts: object, depth: int) -> None:
-        nonlocal removed
+def content_parts(messages: object) -> Iterator[Mapping[str, Any]]:
+    """Every content part of ``messages``, nested tool-result content included (4 levels at most), whatever
+    its type; anything that is not a list of mappings is skipped (tolerant of any shape)."""
+    def walk(parts: object, depth: int) -> Iterator[Mapping[str, Any]]:
         if depth > 4 or not isinstance(parts, list):
             return
         for part in parts:
-            if isinstance(part, dict):
-                if "uuid" in part:
-                    del part["uuid"]
-                    removed += 1
-                walk(part.get("content"), depth + 1)
+            if isinstance(part, Mapping):
+                yield part
+                yield from walk(part.get("content"), depth + 1)
 
-    items = data.get("messages")
-    for item in items if isinstance(items, list) else []:
+    for item in messages if isinstance(messages, list | tuple) else []:
         if isinstance(item, Mapping):
-            walk(item.get("content"), 0)
+            yield from walk(item.get("content"), 0)
+
+
+def drop_part_uuids(data: Mapping[str, Any]) -> int:
+    """Remove ``uuid`` from every content part of ``messages`` (:func:`content_parts`), whatever the part's
+    type; the number removed. vLLM keys an item's cached blocks, processed pixels and encoder output by a
+    part's ``uuid``: a client's could name another client's image. (The vision count, when the group has
+    one, refuses malformed media itself.)"""
+    removed = 0
+    for part in content_parts(data.get("messages")):
+        if isinstance(part, dict) and "uuid" in part:
+            del part["uuid"]
+            removed += 1
     return removed
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
 from litellm_kv.errors import PolicyViolation
-from litellm_kv.governance.images import ImageError, drop_part_uuids, find_media, part_kind
+from litellm_kv.governance.images import ImageError, content_parts, drop_part_uuids, find_media, part_kind
 from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
@@ -107,16 +107,7 @@ class _Route:
 def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether any content part (nested tool-result content included) is something other than text by vLLM's
     own rule (``part_kind``: an untyped part with an ``image_url`` is an image)."""
-    def any_media(parts: object, depth: int) -> bool:
-        if depth > 4 or not isinstance(parts, list):
-            return False
-        for p in parts:
-            if isinstance(p, Mapping) and (part_kind(p) not in (None, "text") or any_media(p.get("content"),
-                                                                                          depth + 1)):
-                return True
-        return False
-
-    return any(isinstance(m, Mapping) and any_media(m.get("content"), 0) for m in messages)
+    return any(part_kind(p) not in (None, "text") for p in content_parts(messages))
 
 
 class KVRoutingHandler(Handler):
