@@ -17,7 +17,8 @@ Load levels are fractions of what the fleet serves without any cache hit, measur
 A-B-C-C-B-A-A-B-C order with every prefix cache emptied before each run, so drift and the other work
 on this machine hit all three alike. Per cell: pooled TTFT mean/p50/p95, the spread over runs (min-max
 of the per-run mean and p95), end-to-end latency, output tokens/s, cached-token ratio, litellm-kv's
-prediction checks, and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
+prediction checks, TTFT split by the engine's cached share (``hit``: at least half the prompt cached, ``miss``:
+less), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
 baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
 absolute error of the prediction against the TTFT measured: from a per-response header
@@ -96,6 +97,7 @@ def cell_summary(comp: Comparison) -> dict[str, Any]:
         pooled["per_run_ttft_mean_ms"] = [round(1000 * r.ttft(), 1) for r in runs]
         pooled["per_run_ttft_p95_ms"] = [round(1000 * r.ttft(0.95), 1) for r in runs]
         pooled["per_run_cached_ratio"] = [round(r.cached_ratio, 3) for r in runs]
+        pooled["by_kind"] = comp.pooled(g).by_cached_share()
         out["routings"][g] = pooled
     kv, sh, lb = (out["routings"][g] for g in (KV, SHUFFLE, LEAST_BUSY))
     if comp.workload == "unique":
@@ -127,6 +129,11 @@ def print_cell(s: dict[str, Any]) -> None:
         print(f"{LABELS[g]:<24} {r['ttft_mean_ms']:>8.0f}ms {min(m):>7.0f}-{max(m):<7.0f} {r['ttft_p50_ms']:>5.0f}ms "
               f"{r['ttft_p95_ms']:>6.0f}ms {min(p):>7.0f}-{max(p):<7.0f} {r['e2e_mean_ms']:>7.0f}ms "
               f"{r['output_tok_s']:>9.1f} {r['cached_ratio']:>7.3f} {r['failures']:>6}")
+    for g in ROUTINGS:
+        kinds = s["routings"][g].get("by_kind", {})
+        parts = [f"{k} n={v['n']:.0f} mean {v['ttft_mean_ms']:.0f}ms p95 {v['ttft_p95_ms']:.0f}ms"
+                 for k, v in kinds.items()]
+        print(f"  {LABELS[g]:<22} by cached share: {'; '.join(parts)}")
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
     if "prediction_error_ms" in s:
         print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")

@@ -81,6 +81,10 @@ def test_quantile_and_pooling() -> None:
     assert run.runs == 2 and run.failures == 1 and len(run.ok) == 4
     assert run.ttft() == pytest.approx(0.25) and run.cached_ratio == pytest.approx(0.25)
     assert run.output_tps == pytest.approx(10.0)
+    # Requests 1 and 3 found half their prompt cached (hits), 0 and 2 nothing; the failure counts in neither.
+    kinds = run.by_cached_share()
+    assert kinds["hit"] == {"n": 2, "ttft_mean_ms": 300.0, "ttft_p95_ms": 400.0}
+    assert kinds["miss"] == {"n": 2, "ttft_mean_ms": 200.0, "ttft_p95_ms": 300.0}
 
 
 def test_abc_order_puts_every_routing_early_and_late() -> None:

@@ -331,6 +331,17 @@ class OpenLoopRun:
     def prompt_tokens_mean(self) -> float:
         return statistics.fmean(o.prompt_tokens for o in self.ok) if self.ok else math.nan
 
+    def by_cached_share(self) -> dict[str, dict[str, float]]:
+        """TTFT split by what the engine found cached: ``hit`` (at least half the prompt) and ``miss`` (less), so a
+        routing's time can be traced to the requests computed in full and to those found cached."""
+        out: dict[str, dict[str, float]] = {}
+        for kind in ("hit", "miss"):
+            xs = [o.ttft_s for o in self.ok if (2 * o.cached_tokens >= o.prompt_tokens > 0) == (kind == "hit")]
+            if xs:
+                out[kind] = {"n": len(xs), "ttft_mean_ms": round(1000 * statistics.fmean(xs), 1),
+                             "ttft_p95_ms": round(1000 * quantile(xs, 0.95), 1)}
+        return out
+
     def per_replica(self, names: dict[str, str] | None = None) -> dict[str, int]:
         n = names or {}
         return dict(sorted(Counter(n.get(o.deployment, o.deployment or "?") for o in self.ok).items()))
