@@ -168,7 +168,8 @@ class IndexerSettings:
         default=30.0,
     )
     discovery_interval_s: float = doc(
-        "How often replicas that are unreachable or have no event source are retried.", default=5.0
+        "How often replicas that are unreachable or have no event source are retried, and a replay the engine did "
+        "not answer is asked for again.", default=5.0
     )
     replay_timeout_s: float = doc(
         "How long to wait for a replay answer before treating the missed batches as lost.", default=5.0

@@ -265,6 +265,7 @@ class Indexer:
                 endpoint=ep, replay_endpoint=replay, topic=topic, bind=cfg.bind,
                 check=rt.checker.observe if rt.checker is not None else None,
                 replay_timeout_s=self.cfg.replay_timeout_s, backoff_max_s=self.cfg.redis_backoff_max_s,
+                retry_s=self.cfg.discovery_interval_s,
             ))
         return out
 
