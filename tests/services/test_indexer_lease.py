@@ -71,8 +71,11 @@ async def client(request: pytest.FixtureRequest) -> AsyncIterator[RedisClient]:
         yield c
 
 
+COOLDOWN_S = 1.0
+
+
 def leases(client: RedisClient, name: str) -> Leases:
-    return Leases(client, name, ttl_s=TTL_S, grace_s=0.2)
+    return Leases(client, name, ttl_s=TTL_S, grace_s=0.2, cooldown_s=COOLDOWN_S)
 
 
 def owned(rnd: LeaseRound, name: str) -> list[str]:
@@ -134,6 +137,90 @@ async def test_lease_rounds_keep_every_replica_covered_and_settle_to_the_share(
     share = math.ceil(n_replicas / n_indexers)
     counts = [len(last.owned_by(ix.indexer)) for ix in table]
     assert sum(counts) == n_replicas and max(counts) <= share, counts
+
+
+# -- replicas an indexer cannot follow (it names them; the service decides when, see the in-process test below) --
+
+
+async def settled(table: list[Leases], reps: list[str], rounds: int = 4) -> LeaseRound:
+    last: LeaseRound | None = None
+    for _ in range(rounds):
+        for ix in table:
+            last = await ix.renew(GROUP, reps)
+    assert last is not None
+    return last
+
+
+async def test_lease_a_replica_given_up_goes_to_another_live_indexer_whatever_its_share(client: RedisClient) -> None:
+    a, b = leases(client, "a"), leases(client, "b")
+    start = await settled([a, b], REPLICAS)
+    x = sorted(start.owned_by("a"))[0]
+    gave = await a.renew(GROUP, REPLICAS, give_up=[x])
+    assert gave.gave_up == {x: "offered"} and gave.owners[x] == "a"  # a keeps following it until it is taken
+    took = await b.renew(GROUP, REPLICAS)
+    assert took.claimed == {x: "unreachable"} and took.owners[x] == "b"
+    # From now on a cannot follow x and says so every round: x stays b's, even though b holds more than its share
+    # and a is below it (b offers its other replicas instead, which a takes).
+    for _ in range(5):
+        rnd = await a.renew(GROUP, REPLICAS, give_up=[x])
+        assert rnd.owners[x] == "b" and rnd.gave_up == {} and x not in rnd.claimed
+        rnd = await b.renew(GROUP, REPLICAS)
+        assert rnd.owners[x] == "b" and rnd.uncovered == []
+    assert x not in rnd.owned_by("a") and len(rnd.owned_by("b")) <= math.ceil(len(REPLICAS) / 2)
+
+
+async def test_lease_a_lone_indexer_keeps_what_it_gives_up_until_another_one_is_live(client: RedisClient) -> None:
+    a = leases(client, "a")
+    x = REPLICAS[0]
+    for _ in range(3):  # nobody else to take it: nothing changes, a keeps following (trying) it
+        rnd = await a.renew(GROUP, REPLICAS, give_up=[x])
+        assert rnd.gave_up == {x: "kept"} and rnd.owned_by("a") == set(REPLICAS) and rnd.claimed.keys() <= set(REPLICAS)
+    b = leases(client, "b")
+    await b.renew(GROUP, REPLICAS)  # joins
+    assert (await a.renew(GROUP, REPLICAS, give_up=[x])).gave_up == {x: "offered"}
+    assert (await b.renew(GROUP, REPLICAS)).claimed.get(x) == "unreachable"
+
+
+async def test_lease_a_withdrawn_give_up_is_not_taken(client: RedisClient) -> None:
+    """The owner reaches the engine again before anyone took the lease: it stops giving it up, and keeps it."""
+    a, b = leases(client, "a"), leases(client, "b")
+    start = await settled([a, b], REPLICAS)
+    x = sorted(start.owned_by("a"))[0]
+    await a.renew(GROUP, REPLICAS, give_up=[x])
+    assert (await a.renew(GROUP, REPLICAS)).gave_up == {}
+    rnd = await b.renew(GROUP, REPLICAS)
+    assert rnd.owners[x] == "a" and x not in rnd.claimed
+
+
+async def test_lease_an_indexer_takes_back_a_replica_it_gave_up_when_no_other_is_live(client: RedisClient) -> None:
+    a, b = leases(client, "a"), leases(client, "b")
+    start = await settled([a, b], REPLICAS)
+    x = sorted(start.owned_by("a"))[0]
+    await a.renew(GROUP, REPLICAS, give_up=[x])
+    assert (await b.renew(GROUP, REPLICAS)).owners[x] == "b"
+    await asyncio.sleep(TTL_S + 0.1)  # b dies (stops renewing); a's cooldown on x still runs
+    rnd = await a.renew(GROUP, REPLICAS, give_up=[x])
+    assert rnd.live == 1 and rnd.claimed.get(x) == "takeover" and rnd.owned_by("a") == set(REPLICAS)
+    assert rnd.gave_up == {x: "kept"}  # followed by somebody: the one indexer left keeps trying
+
+
+async def test_lease_a_replica_nobody_can_follow_moves_once_per_cooldown_at_most(client: RedisClient) -> None:
+    """Both indexers fail to follow x all the time: without the cooldown the lease would change hands every
+    round; with it, it moves when a cooldown runs out (and is tried again then), and is never left uncovered."""
+    a, b = leases(client, "a"), leases(client, "b")
+    await settled([a, b], REPLICAS)
+    x = REPLICAS[0]
+    moves, rounds, owner = 0, 0, None
+    t_end = asyncio.get_running_loop().time() + 3 * COOLDOWN_S
+    while asyncio.get_running_loop().time() < t_end:
+        for ix in (a, b):
+            rnd = await ix.renew(GROUP, REPLICAS, give_up=[x])
+            rounds += 1
+            assert rnd.owners[x] and rnd.uncovered == []
+            moves += owner is not None and rnd.owners[x] != owner
+            owner = rnd.owners[x]
+        await asyncio.sleep(0.02)
+    assert 2 <= moves <= 3 + 1, (moves, rounds)  # about one move per cooldown over three cooldowns
 
 
 def test_lease_keys_of_a_group_share_the_index_keys_cluster_slot() -> None:
