@@ -112,16 +112,15 @@ for j, i in ipairs(order) do
   if j > quota then off = '1' end
   redis.call('HSET', KEYS[1], replica, me .. '|' .. (now + ttl) .. '|' .. off)
   owners[i] = me
-  -- Given up: offered to the live indexers that have not given it up themselves (the owner keeps following it
-  -- until one takes it), and not taken back by this indexer for the cooldown; with none left, kept.
+  -- Given up: any live indexer that has not given it up itself takes it (the owner keeps following it until
+  -- then), and this one does not take it back for the cooldown; 'kept' when no such indexer is live now.
   -- Not given up (followed, or not failing long enough): no record, so nobody takes it.
   local was = gaveup[i][me]
-  if giving[replica] and others_left(i) then
+  if giving[replica] then
     gaveup[i][me] = now + cooldown
-    outs[i] = 'offered'
+    if others_left(i) then outs[i] = 'offered' else outs[i] = 'kept' end
   else
     gaveup[i][me] = nil
-    if giving[replica] then outs[i] = 'kept' end
   end
   if gaveup[i][me] ~= was then dirty[i] = true end
 end
