@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
+from prometheus_client import generate_latest
 from redis.crc import key_slot
 
 from litellm_kv.config import parse_section
@@ -232,11 +233,14 @@ def test_lease_keys_of_a_group_share_the_index_keys_cluster_slot() -> None:
 # start: what is checked is which replicas each indexer holds and follows, as /health shows it) ------------
 
 
-def lease_settings(redis_url: str, name: str, replicas: list[str]) -> IndexerSettings:
+def lease_settings(redis_url: str, name: str, replicas: list[str], **extra: float) -> IndexerSettings:
     return parse_section(IndexerSettings, {
         "redis_url": redis_url, "assignment": "lease", "indexer_id": name, "lease_ttl_s": 1.0,
         "lease_renew_interval_s": 0.2, "engine_timeout_s": 0.5, "discovery_interval_s": 60.0,
+        # Nothing listens at these replicas: no indexer can follow them. Only the test below gives them up.
+        "lease_unreachable_handoff_s": 20.0,
         "model_groups": {"g": {"replicas": [{"api_base": r} for r in replicas]}},
+        **extra,
     }, "indexer")
 
 
@@ -269,6 +273,50 @@ async def test_lease_indexers_keep_their_replicas_while_redis_is_down_and_settle
         assert h["status"] == "degraded" and h["assignment"]["lease_ok"] is False
         server.start()  # without persistence: the lease table is gone
         await until(lambda: a.lease_ok and b.lease_ok and len(held(a)) == 1 and held(a) | held(b) == set(replicas))
+    finally:
+        await a.stop()
+        await b.stop()
+        server.stop()
+
+
+async def test_lease_indexers_that_cannot_reach_the_engines_give_them_up_a_bounded_number_of_times() -> None:
+    """No indexer reaches the replicas (their engine HTTP API refuses connections): each holder gives its replicas
+    up after the hand-off time, says so on /health and in its metrics, and the leases then move only as cooldowns
+    run out, never leaving a replica without a holder."""
+    server = RedisServer(name="redis-lease-unreachable")
+    replicas = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    handoff, cooldown = 0.3, 2.0
+    extra = {"lease_unreachable_handoff_s": handoff, "lease_unreachable_cooldown_s": cooldown}
+    a = Indexer(lease_settings(server.url, "a", replicas, **extra))
+    b = Indexer(lease_settings(server.url, "b", replicas, **extra))
+    try:
+        await a.start()
+        await until(lambda: bool(a.health()["assignment"]["given_up"]))
+        h = a.health()  # alone: it keeps them and keeps trying
+        assert h["assignment"]["given_up"] == {"g": dict.fromkeys(replicas, "kept")} and held(a) == set(replicas)
+        assert h["status"] == "degraded"
+        assert all(r["unreachable_s"] >= handoff and r["unreachable_error"] for r in h["replicas"]), h
+        await b.start()
+        holders: dict[str, list[str]] = {r: [] for r in replicas}
+        t0 = asyncio.get_running_loop().time()
+        t_end = t0 + 3 * cooldown
+        while asyncio.get_running_loop().time() < t_end:
+            ha, hb = held(a), held(b)
+            assert ha | hb == set(replicas)  # every replica held throughout
+            for r in replicas:
+                who = "a" if r in ha and r not in hb else "b" if r in hb and r not in ha else ""
+                if who and (not holders[r] or holders[r][-1][0] != who):
+                    holders[r].append(f"{who}@{asyncio.get_running_loop().time() - t0:.2f}")
+            await asyncio.sleep(0.02)
+        moves = {r: len(h) - 1 for r, h in holders.items()}
+        print(f"\n[unreachable] holders over {3 * cooldown:.1f}s (cooldown {cooldown}s): {holders}")
+        # Every replica was tried by both. A move goes to an indexer whose cooldown ran out (up to a round early: the
+        # giver's record is refreshed at its rounds), so at most 1 + 6 / 1.8 moves here; without cooldowns a lease
+        # would move every hand-off time + round, about 12 times.
+        assert all(1 <= m <= 4 for m in moves.values()), holders
+        metrics = generate_latest().decode()
+        assert 'litellm_kv_indexer_lease_claims_total{kind="unreachable",model_group="g"}' in metrics
+        assert 'litellm_kv_indexer_lease_unreachable_total{model_group="g",outcome="offered"}' in metrics
     finally:
         await a.stop()
         await b.stop()
