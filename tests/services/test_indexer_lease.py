@@ -2,8 +2,9 @@
 
 What the indexers rely on: every replica has an owner after any indexer's round, a new indexer takes its share
 through hand-overs (the old owner keeps its lease until then), a dead indexer's leases are taken over once they
-expire, a clean stop frees them at once, and the two keys of a group live in one cluster slot. Expiry is real
-(short TTLs and sleeps on Redis's clock), no clock is faked.
+expire, a clean stop frees them at once, a replica its holder cannot follow goes to another live indexer that has
+not given it up (and changes hands only as cooldowns run out when none can follow it), and the keys of a group live
+in one cluster slot. Expiry is real (short TTLs and sleeps on Redis's clock), no clock is faked.
 """
 
 from __future__ import annotations
