@@ -71,6 +71,9 @@ LEASE_BASE = "redis_url: redis://127.0.0.1:6379/1\nmodel_groups:\n  g:\n    repl
     ("assignment: lease\nlease_renew_interval_s: 0\n", "lease_renew_interval_s"),
     ("assignment: lease\nlease_ttl_s: 25\nheartbeat_ttl_s: 30\n", "heartbeat_ttl_s"),
     ("assignment: lease\nindexer_id: 'a|b'\n", "indexer_id"),
+    ("assignment: lease\nlease_unreachable_handoff_s: 0\n", "lease_unreachable_handoff_s"),
+    ("assignment: lease\nlease_unreachable_handoff_s: 25\n", "heartbeat_ttl_s"),
+    ("assignment: lease\nlease_unreachable_cooldown_s: 1\n", "lease_unreachable_cooldown_s"),
     ("assignment: leases\n", "assignment"),
 ])
 def test_lease_assignment_rejects_settings_that_would_leave_replicas_unfollowed(
@@ -88,6 +91,8 @@ def test_lease_assignment_defaults_are_valid(tmp_path: Path) -> None:
     cfg = load_indexer_config(p)
     assert cfg.assignment == "lease" and cfg.indexer_id is None
     assert cfg.heartbeat_ttl_s > cfg.lease_ttl_s + cfg.lease_renew_interval_s + cfg.heartbeat_interval_s
+    # A replica its indexer cannot reach is given up after as long as a dead indexer's replicas wait.
+    assert cfg.unreachable_handoff_s() == cfg.lease_ttl_s and cfg.unreachable_cooldown_s() == 6 * cfg.lease_ttl_s
 
 
 def test_apply_call_size_is_a_checked_setting(tmp_path: Path) -> None:

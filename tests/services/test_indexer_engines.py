@@ -15,7 +15,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -43,12 +43,14 @@ def _text(rng: random.Random, n: int) -> str:
 class Indexer:
     """One ``litellm-kv indexer`` process with its own config file."""
 
-    def __init__(self, redis_url: str, engines: list[EngineReplica], name: str, **extra: Any) -> None:
+    def __init__(self, redis_url: str, engines: list[EngineReplica], name: str,
+                 replica_extra: dict[str, dict[str, Any]] | None = None, **extra: Any) -> None:
         self.port = free_port()
         self.name = name
         self.path = ARTIFACTS / f"{name}-{self.port}.yaml"
         self.proc: ManagedProcess | None = None
         self.extra = extra
+        self.replica_extra = replica_extra or {}  # api_base -> more settings of that replica in this config
         self.write_config(redis_url, engines)
 
     def write_config(self, redis_url: str, engines: list[EngineReplica]) -> None:
@@ -63,7 +65,8 @@ class Indexer:
             "redis_backoff_max_s": 1.0,
             "exactness_sample_rate": 1.0,
             # Endpoints are discovered from GET /kv_event_sources, block size from /metrics.
-            "model_groups": {GROUP: {"replicas": [{"api_base": e.api_base} for e in engines]}},
+            "model_groups": {GROUP: {"replicas": [{"api_base": e.api_base, **self.replica_extra.get(e.api_base, {})}
+                                                 for e in engines]}},
         }
         self.path.write_text(yaml.safe_dump(cfg))
 
@@ -565,4 +568,119 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
         a.stop()
         b.stop()
         c.stop()
+        own.stop()
+
+
+def metric(ix: Indexer, name: str, **labels: str) -> float:
+    """One sample of the indexer's /metrics (0 when it has none yet)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in httpx.get(ix.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``check`` until true; the monotonic time it became true."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.05)
+    return time.monotonic()
+
+
+UNREACHABLE = {**LEASE, "lease_unreachable_handoff_s": 2.0}  # cooldown: 6 x that, 12 s
+
+
+@pytest.mark.slow
+def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engines: list[EngineReplica]) -> None:
+    """A network partition between indexer P and engine 1 only, simulated in P's config (the only way to cut one
+    indexer off one engine on one machine): P's event and replay endpoints of engine 1 are ports nothing listens
+    on, while its HTTP API (the replica's id) is the real one; indexer Q's config is correct.
+
+    Q follows both engines, then P starts and takes engine 1 by the share hand-over. P's replay gets no answer,
+    it gives the lease up after ``lease_unreachable_handoff_s`` and Q follows engine 1 again: the time from P's
+    claim to Q following it is measured, with traffic on both engines throughout. P does not take it back within
+    its cooldown (it follows engine 0 instead), the index matches both engines, and, once Q stops, P alone keeps
+    the lease of the engine it cannot reach and says so."""
+    own = RedisServer(name="redis-indexer-unreach")
+    cut = replica_id(engines[1].api_base)  # second in every config: the replica Q offers when P joins
+    dead = {"event_endpoints": [f"tcp://127.0.0.1:{free_port()}"], "replay_endpoints": [f"tcp://127.0.0.1:{free_port()}"]}
+    q = Indexer(own.url, engines, "indexer-unreach-q", indexer_id="reach-q", **UNREACHABLE)
+    p = Indexer(own.url, engines, "indexer-unreach-p", replica_extra={engines[1].api_base: dead},
+                indexer_id="cut-p", **UNREACHABLE)
+    everyone = {replica_id(e.api_base) for e in engines}
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def background() -> None:
+        seed = 820
+        while not stop.is_set() and seed < 880:
+            traffic(engines, range(seed, seed + 1))
+            sent.append(seed)
+            seed += 1
+
+    t = threading.Thread(target=background, daemon=True)
+    try:
+        q.start()
+        q.wait_healthy()
+        assert followed(q) == everyone
+        traffic(engines, range(800, 803))
+        t.start()
+        p.start()
+        assert p.proc is not None and q.proc is not None
+        t_claim = wait_for(lambda: cut in {r["replica"] for r in p.health()["replicas"] if r["owned"]}, 30,
+                           "P takes engine 1 by hand-over")
+        t_failed = wait_for(lambda: any(r["replica"] == cut and r["unreachable_s"] is not None
+                                        for r in p.health()["replicas"]), 30, "P sees it cannot follow engine 1")
+        h = p.health()
+        assert h["status"] == "degraded" and cut not in followed(p), h
+        t_back = wait_for(lambda: cut in followed(q), 30, "Q follows engine 1 again")
+        recovered = t_back - t_claim
+        # P's unanswered replay (replay_timeout_s 3) + the hand-off time + P's round giving it up and Q's taking it
+        # + Q's bring-up.
+        handoff, renew = UNREACHABLE["lease_unreachable_handoff_s"], UNREACHABLE["lease_renew_interval_s"]
+        bound = 3.0 + handoff + 2 * renew + BRING_UP_S
+        assert recovered <= bound, f"followed again {recovered:.2f}s after P's claim, over {bound}s"
+        # The share settles around the partition: P follows engine 0, Q keeps engine 1.
+        t_settled = wait_for(lambda: followed(p) | followed(q) == everyone and len(followed(p)) == 1, 30, "shares")
+        assert followed(p) == everyone - {cut}
+        t_watch = time.monotonic()
+        while time.monotonic() < t_watch + 3.0:  # within P's cooldown: engine 1 stays Q's
+            assert cut in followed(q) and cut not in {r["replica"] for r in p.health()["replicas"] if r["owned"]}
+            time.sleep(0.1)
+        stop.set()
+        t.join(60)
+        assert metric(q, "litellm_kv_indexer_lease_claims_total", kind="unreachable", model_group=GROUP) == 1
+        assert metric(p, "litellm_kv_indexer_lease_unreachable_total", model_group=GROUP, outcome="offered") == 1
+        assert p.health()["status"] == "ok" and q.health()["status"] == "ok"
+        taken = next(r for r in q.health()["replicas"] if r["replica"] == cut)
+        # Caught up by replaying engine 1's buffer from Redis's position (nothing purged and re-learned).
+        assert taken["replays"] >= 1 and taken["resyncs"] == 0 and taken["events_applied"] > 0, taken
+        assert sent and sent[-1] > sent[0], "no traffic around the hand-off"
+        traffic(engines, range(880, 882))
+        n = check_shared_exact([p, q], engines, range(sent[0], sent[-1] + 1, max(1, len(sent) // 3)), own.url)
+        n += check_shared_exact([p, q], engines, range(880, 882), own.url)
+
+        # Alone, P keeps the lease it cannot follow (nobody else could take it) and keeps trying.
+        q.stop()  # SIGTERM: Q releases its leases
+        t_qstop = time.monotonic()
+        t_alone = wait_for(lambda: p.health()["assignment"]["given_up"] == {GROUP: {cut: "kept"}}, 30,
+                           "P alone keeps engine 1")
+        h = p.health()
+        assert h["status"] == "degraded" and followed(p) == everyone - {cut}
+        assert {r["replica"] for r in h["replicas"] if r["owned"]} == everyone, h
+        assert metric(p, "litellm_kv_indexer_lease_unreachable_replicas", model_group=GROUP) == 1
+        print(f"\n[leases, partition] P cut off engine 1 claimed it by hand-over; it saw the failure after "
+              f"{t_failed - t_claim:.2f}s (replay_timeout_s 3), and Q followed engine 1 again {recovered:.2f}s after "
+              f"P's claim (lease_unreachable_handoff_s {handoff}, lease_renew_interval_s {renew}); shares settled "
+              f"{t_settled - t_back:.2f}s later; index exact against the engines ({n} probe comparisons, "
+              f"{len(sent)} conversations sent around the hand-off); P alone kept the lease "
+              f"{t_alone - t_qstop:.2f}s after Q stopped")
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(60)
+        p.stop()
+        q.stop()
         own.stop()

@@ -122,3 +122,59 @@ async def test_a_lost_batch_inside_a_burst_is_replayed(
     await until(lambda: stream.stats.last_seq == 29)
     assert stream.stats.gaps >= 1 and stream.stats.resyncs == 0
     assert await index.lookup(G, [2000 + i for i in range(30)]) == {R: ReplicaMatch(gpu=30)}
+
+
+# -- an engine out of reach: the replay socket does not answer (its port is closed) -------------------------
+
+
+@pytest.fixture
+async def unanswered(server: RedisServer) -> AsyncIterator[tuple[FakePublisher, EventStream, RedisIndex]]:
+    """A stream whose publisher's replay socket is closed from the start; retries every 0.3 s."""
+    server.client().flushall()
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tempfile.gettempdir()}/litellm-kv-streamtest-{os.getpid()}-{time.monotonic_ns()}.sock"
+    pub = FakePublisher(ctx, endpoint)
+    await pub.replay_down()
+    index = RedisIndex(server.url)
+    stream = EventStream(index, ctx, group=G, replica=R, stream=R, endpoint=endpoint,
+                         replay_endpoint=pub.replay_endpoint, topic=TOPIC, replay_timeout_s=0.3, retry_s=0.3)
+    stream.start()
+    yield pub, stream, index
+    await stream.stop()
+    await index.close()
+    await pub.close()
+    ctx.term()
+
+
+async def test_an_unanswered_replay_marks_the_stream_unreached_and_is_asked_again(
+    unanswered: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    """Batches the stream missed sit in the engine's buffer; while its replay socket is closed the stream says
+    it cannot follow (not connected, ``unreached_s``) and keeps asking; once the socket answers, the replay
+    brings the batches in (no purge: the replay reached back to Redis's position)."""
+    pub, stream, index = unanswered
+    await pub.publish(batch(stored([1, 2])), live=False)  # buffered, never seen live
+    await until(lambda: stream.unreached_since is not None)
+    await asyncio.sleep(1.0)
+    h = stream.health()
+    assert h["connected"] is False and h["unreached_s"] is not None and float(h["unreached_s"]) >= 0.9  # type: ignore[arg-type]
+    assert stream.stats.replays >= 2
+    assert await index.lookup(G, [1, 2]) == {}
+    pub.replay_up(stream.ctx)
+    await until(lambda: stream.stats.connected and stream.stats.last_seq == 0, timeout=5)
+    assert stream.unreached_since is None and stream.health()["unreached_s"] is None
+    assert stream.stats.resyncs == 0
+    assert await index.lookup(G, [1, 2]) == {R: ReplicaMatch(gpu=2)}
+
+
+async def test_a_live_batch_after_an_unanswered_replay_reaches_the_stream_again(
+    unanswered: tuple[FakePublisher, EventStream, RedisIndex],
+) -> None:
+    """The replay socket stays closed but the publisher's batches arrive: the engine is within reach."""
+    pub, stream, index = unanswered
+    await until(lambda: stream.unreached_since is not None)
+    await asyncio.sleep(0.3)  # the subscription reaches the PUB (slow joiner)
+    await pub.publish(batch(stored([7])))
+    await until(lambda: stream.stats.last_seq == 0)
+    assert stream.unreached_since is None and stream.stats.connected
+    assert await index.lookup(G, [7]) == {R: ReplicaMatch(gpu=1)}

@@ -81,6 +81,20 @@ class FakePublisher:
         self.seq = 0
         self.ring.clear()
 
+    async def replay_down(self) -> None:
+        """The replay socket stops answering (its port closed: nothing listens there)."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.router.close(0)
+
+    def replay_up(self, ctx: zmq.asyncio.Context) -> None:
+        """The replay socket answers again, on the same endpoint."""
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(self.replay_endpoint)
+        self._task = asyncio.get_running_loop().create_task(self._serve_replay())
+
     async def _serve_replay(self) -> None:
         while True:
             ident, _empty, start_b = await self.router.recv_multipart()

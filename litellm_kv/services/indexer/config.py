@@ -120,6 +120,22 @@ class IndexerSettings:
         "past its share (one Redis script per group).",
         default=2.0,
     )
+    lease_unreachable_handoff_s: float | None = doc(
+        "assignment: lease. An indexer that has failed for this long to follow a replica whose lease it holds "
+        "gives the lease up: the next round of another live indexer takes it, whatever that one's share. Failed "
+        "to follow: since the last call that worked, a call to the engine's HTTP API (/metrics, "
+        "/kv_event_sources) failed, or a stream's replay request got no answer at all and no batch came after it. "
+        "With no other live indexer (or only ones that gave the replica up too) it keeps the lease and keeps "
+        "trying. None: lease_ttl_s (as long as a dead indexer's replicas wait for a taker).",
+        default=None,
+    )
+    lease_unreachable_cooldown_s: float | None = doc(
+        "assignment: lease. After giving a replica up, the indexer claims it neither free nor offered for this long "
+        "while a live indexer that has not given it up exists. When every live indexer has given it up, its holder "
+        "keeps it, and it changes hands again only as cooldowns run out: at most once per live indexer and "
+        "cooldown. None: 6 x the hand-off time.",
+        default=None,
+    )
     indexer_id: str | None = doc(
         "assignment: lease. This indexer's name in the lease table (at most 200 characters, no '|'); it must "
         "differ between live indexers. None: <hostname>-<pid>-<random>, new at every start.",
@@ -168,7 +184,8 @@ class IndexerSettings:
         default=30.0,
     )
     discovery_interval_s: float = doc(
-        "How often replicas that are unreachable or have no event source are retried.", default=5.0
+        "How often replicas that are unreachable or have no event source are retried, and a replay the engine did "
+        "not answer is asked for again.", default=5.0
     )
     replay_timeout_s: float = doc(
         "How long to wait for a replay answer before treating the missed batches as lost.", default=5.0
@@ -219,6 +236,30 @@ class IndexerSettings:
                              f"replicas expire from the index before another indexer takes them over")
         if self.indexer_id is not None and not (0 < len(self.indexer_id) <= 200 and "|" not in self.indexer_id):
             raise ValueError(f"indexer_id {self.indexer_id!r}: use 1 to 200 characters without '|'")
+        self._validate_unreachable()
+
+    def _validate_unreachable(self) -> None:
+        handoff, cooldown = self.lease_unreachable_handoff_s, self.lease_unreachable_cooldown_s
+        if handoff is not None and handoff <= 0:
+            raise ValueError(f"lease_unreachable_handoff_s is {handoff}; it must be above 0")
+        if cooldown is not None and cooldown < self.lease_renew_interval_s:
+            raise ValueError(f"lease_unreachable_cooldown_s ({cooldown}) must be at least lease_renew_interval_s "
+                             f"({self.lease_renew_interval_s}), or it runs out before the next round")
+        handover = self.unreachable_handoff_s() + self.lease_renew_interval_s + self.heartbeat_interval_s
+        if self.heartbeat_ttl_s <= handover:
+            raise ValueError(f"heartbeat_ttl_s ({self.heartbeat_ttl_s}) must exceed lease_unreachable_handoff_s + "
+                             f"lease_renew_interval_s + heartbeat_interval_s ({handover:g}), or a replica its indexer "
+                             f"cannot reach expires from the index before another indexer takes it over")
+
+    def unreachable_handoff_s(self) -> float:
+        """``lease_unreachable_handoff_s``, or its default (``lease_ttl_s``)."""
+        h = self.lease_unreachable_handoff_s
+        return self.lease_ttl_s if h is None else h
+
+    def unreachable_cooldown_s(self) -> float:
+        """``lease_unreachable_cooldown_s``, or its default (6 x the hand-off time)."""
+        c = self.lease_unreachable_cooldown_s
+        return 6 * self.unreachable_handoff_s() if c is None else c
 
     def token(self) -> str | None:
         """The API's bearer token (``api_token``, else the variable ``api_token_env`` names), checked.

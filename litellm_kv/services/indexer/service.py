@@ -10,7 +10,9 @@ With ``assignment: lease`` it follows only the replicas whose lease it holds
 (:mod:`litellm_kv.services.indexer.lease`): a lease loop renews and claims them every
 ``lease_renew_interval_s``, starting the streams of a replica it gains (they replay the engine's buffer from
 the position in Redis) and stopping those of one it hands over. Starting and stopping run in tasks of their
-own, so a slow engine never delays a renewal.
+own, so a slow engine never delays a renewal. A replica it has failed to follow for
+``lease_unreachable_handoff_s`` (:meth:`ReplicaRuntime.unreached_since` says what counts) is given up in the
+round, for another live indexer to take.
 """
 
 from __future__ import annotations
@@ -66,12 +68,27 @@ UNCOVERED = gauge(
 CLAIMS = counter(
     "indexer_lease_claims",
     "Leases this indexer claimed, by kind: new (never held or released), takeover (expired: its indexer "
-    "stopped renewing), handoff (offered by an indexer over its share).",
+    "stopped renewing), handoff (offered by an indexer over its share), unreachable (given up by an indexer "
+    "that could not follow the replica).",
     ["model_group", "kind"],
 )
 DROPS = counter(
     "indexer_lease_drops",
-    "Leases this indexer stopped holding: handed over to an indexer below its share, or taken after expiring.",
+    "Leases this indexer stopped holding: handed over to an indexer below its share, given up because it could "
+    "not follow the replica, or taken after expiring.",
+    ["model_group"],
+)
+GIVE_UPS = counter(
+    "indexer_lease_unreachable",
+    "Times this indexer gave up a lease because it had failed to follow the replica for "
+    "lease_unreachable_handoff_s, by outcome: offered (to the live indexers that have not given it up), kept (none "
+    "is left: it keeps the lease and keeps trying).",
+    ["model_group", "outcome"],
+)
+UNREACHABLE = gauge(
+    "indexer_lease_unreachable_replicas",
+    "Replicas whose lease this indexer holds and has failed to follow for lease_unreachable_handoff_s or longer "
+    "(given up and not taken yet, or kept because no other indexer is left to take them).",
     ["model_group"],
 )
 LOOKUP_SECONDS = histogram(
@@ -99,10 +116,38 @@ class ReplicaRuntime:
     last_heartbeat: float = 0.0
     owned: bool = True  # assignment: lease: this indexer holds the replica's lease (static: always)
     owner: str | None = None  # assignment: lease: who holds it, as the last round saw ('' : nobody)
+    gave_up: str = ""  # assignment: lease: offered or kept when the last round gave it up, else ''
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # streams start and stop one at a time
+    engine_failing_since: float | None = None  # monotonic: first failed engine HTTP call since the last that worked
+    engine_failure: str = ""
+
+    def engine_failed(self, why: str) -> None:
+        self.engine_failure = why
+        if self.engine_failing_since is None:
+            self.engine_failing_since = time.monotonic()
+
+    def engine_answered(self) -> None:
+        self.engine_failing_since, self.engine_failure = None, ""
+
+    def unreached_since(self) -> float | None:
+        """Since when (monotonic) this indexer has failed to follow the replica; None while it follows it.
+
+        Failed to follow, from what the indexer observes: a call to the engine's HTTP API (``/metrics`` for its
+        facts and heartbeat, ``/kv_event_sources``, starting the streams) failed and none has worked since, or a
+        stream's replay request got no answer at all and no batch came after it (the stream asks again every
+        ``discovery_interval_s``). Silence alone is not a failure: an idle engine publishes nothing.
+        """
+        starts = [self.engine_failing_since, *(s.unreached_since for s in self.streams)]
+        return min((t for t in starts if t is not None), default=None)
+
+    def unreached_why(self) -> str:
+        if self.engine_failing_since is not None:
+            return self.engine_failure
+        return next((str(s.stats.last_error) for s in self.streams if s.unreached_since is not None), "")
 
     def health(self) -> dict[str, Any]:
         streams = [s.health() for s in self.streams]
+        since = self.unreached_since()
         return {
             "model_group": self.group,
             "replica": self.replica,
@@ -119,6 +164,8 @@ class ReplicaRuntime:
             "exact": not self.not_exact and not self.error,
             "not_exact": self.not_exact or None,
             "error": self.error or None,
+            "unreachable_s": None if since is None else round(time.monotonic() - since, 3),
+            "unreachable_error": (self.unreached_why() or None) if since is not None else None,
             "exactness": asdict(self.checker.stats) if self.checker is not None else None,
             "streams": streams,
         }
@@ -144,7 +191,8 @@ class Indexer:
         self.rounds: dict[str, LeaseRound] = {}
         if cfg.assignment == "lease":
             self.leases = Leases(self.index.client, cfg.indexer_id or default_indexer_id(),
-                                 ttl_s=cfg.lease_ttl_s, grace_s=cfg.lease_renew_interval_s)
+                                 ttl_s=cfg.lease_ttl_s, grace_s=cfg.lease_renew_interval_s,
+                                 cooldown_s=cfg.unreachable_cooldown_s())
         for group, gcfg in cfg.model_groups.items():
             for rc in gcfg.replicas:
                 rid = replica_id(rc.api_base)
@@ -211,8 +259,10 @@ class Indexer:
                     stream.start()
                     rt.streams.append(stream)
             rt.error = ""
+            rt.engine_answered()
         except Exception as exc:
             rt.error = f"{type(exc).__name__}: {exc}"
+            rt.engine_failed(rt.error)
             log.warning("indexer: replica %s of %s not ready: %s", rt.replica, rt.group, rt.error)
         self._refresh_exact(rt)
 
@@ -265,6 +315,7 @@ class Indexer:
                 endpoint=ep, replay_endpoint=replay, topic=topic, bind=cfg.bind,
                 check=rt.checker.observe if rt.checker is not None else None,
                 replay_timeout_s=self.cfg.replay_timeout_s, backoff_max_s=self.cfg.redis_backoff_max_s,
+                retry_s=self.cfg.discovery_interval_s,
             ))
         return out
 
@@ -356,8 +407,10 @@ class Indexer:
         except (RedisError, OSError):
             raise
         except Exception as exc:
+            rt.engine_failed(f"{type(exc).__name__}: {exc}")
             log.warning("indexer: %s metrics unreachable: %s", rt.replica, exc)
             return  # no heartbeat: the replica expires if this lasts
+        rt.engine_answered()
         await self.index.heartbeat(rt.group, rt.replica, self.cfg.heartbeat_ttl_s)
         for stream in rt.streams:
             await stream.verify()
@@ -383,7 +436,7 @@ class Indexer:
         try:
             for group in self.cfg.model_groups:
                 rids = [rid for (g, rid) in self.replicas if g == group]
-                rnd = await self.leases.renew(group, rids)
+                rnd = await self.leases.renew(group, rids, self._unreachable(group))
                 self.rounds[group] = rnd
                 self._apply_round(group, rnd)
             if not self.lease_ok:
@@ -396,6 +449,36 @@ class Indexer:
                             self.leases.indexer, exc)
             self.lease_ok = False
 
+    def _unreachable(self, group: str) -> list[str]:
+        """Replicas of ``group`` this indexer holds and has failed to follow for the hand-off time."""
+        now, handoff = time.monotonic(), self.cfg.unreachable_handoff_s()
+        out = []
+        for (g, rid), rt in self.replicas.items():
+            since = rt.unreached_since()
+            if g == group and rt.owned and since is not None and now - since >= handoff:
+                out.append(rid)
+        return out
+
+    def _note_give_up(self, rt: ReplicaRuntime, outcome: str) -> None:
+        """Count and log a replica given up, once per change of outcome."""
+        if outcome == rt.gave_up:
+            return
+        rt.gave_up = outcome
+        if not outcome:
+            return
+        assert self.leases is not None
+        since = rt.unreached_since()
+        failed_s = 0.0 if since is None else time.monotonic() - since
+        GIVE_UPS.labels(rt.group, outcome).inc()
+        if outcome == "offered":
+            log.warning("indexer %s: gives up %s of %s: failed to follow it for %.1fs (%s); offered to the other "
+                        "live indexers, not taken back for %.0fs", self.leases.indexer, rt.replica, rt.group,
+                        failed_s, rt.unreached_why(), self.cfg.unreachable_cooldown_s())
+        else:
+            log.warning("indexer %s: cannot follow %s of %s for %.1fs (%s), and no live indexer that has not given it "
+                        "up is left to take it: keeps it and keeps trying", self.leases.indexer, rt.replica,
+                        rt.group, failed_s, rt.unreached_why())
+
     def _apply_round(self, group: str, rnd: LeaseRound) -> None:
         assert self.leases is not None
         me = self.leases.indexer
@@ -405,9 +488,11 @@ class Indexer:
             rt.owner = owner
             mine = owner == me
             owned += mine
+            self._note_give_up(rt, rnd.gave_up.get(rid, "") if mine else "")
             if mine and not rt.owned:
                 rt.owned = True
                 rt.engine_started = None  # its restarts so far were its previous owner's to handle
+                rt.engine_answered()  # failures so far were another time's
                 kind = rnd.claimed.get(rid, "new")
                 CLAIMS.labels(group, kind).inc()
                 log.info("indexer %s: follows %s of %s (%s lease)", me, rid, group, kind)
@@ -418,6 +503,7 @@ class Indexer:
                 log.info("indexer %s: hands %s of %s over to %s", me, rid, group, owner or "nobody")
                 self._change(self._stop_streams(rt))
         OWNED.labels(group).set(owned)
+        UNREACHABLE.labels(group).set(len(rnd.gave_up))
         LIVE_INDEXERS.labels(group).set(rnd.live)
         UNCOVERED.labels(group).set(len(rnd.uncovered))
 
@@ -431,6 +517,7 @@ class Indexer:
             if rt.owned:  # claimed back meanwhile
                 return
             rt.error = ""  # its owner's to report now
+            rt.engine_answered()
             for s in rt.streams:  # left in the list until stopped: a cancelled stop is finished by stop()
                 await s.stop()
             rt.streams = []
@@ -451,7 +538,8 @@ class Indexer:
 
     def health(self) -> dict[str, Any]:
         reps = [rt.health() for rt in self.replicas.values()]
-        ok = self.redis_ok and all(r["connected"] and r["exact"] for r in reps if r["owned"])
+        ok = self.redis_ok and all(r["connected"] and r["exact"] and r["unreachable_s"] is None
+                                   for r in reps if r["owned"])
         out: dict[str, Any] = {"redis": self.redis_ok, "replicas": reps}
         if self.leases is not None:
             uncovered = {g: rnd.uncovered for g, rnd in self.rounds.items() if rnd.uncovered}
@@ -464,6 +552,8 @@ class Indexer:
                 "live_indexers": {g: rnd.live for g, rnd in self.rounds.items()},
                 "owned": {g: sorted(rnd.owned_by(self.leases.indexer)) for g, rnd in self.rounds.items()},
                 "uncovered": uncovered,
+                "unreachable_handoff_s": self.cfg.unreachable_handoff_s(),
+                "given_up": {g: rnd.gave_up for g, rnd in self.rounds.items() if rnd.gave_up},
             }
         else:
             out["assignment"] = {"mode": "static", "split_replicas": self.cfg.split_replicas}

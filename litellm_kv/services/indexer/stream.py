@@ -14,7 +14,11 @@ That single rule gives all the recovery paths:
   first batch after the hole is applied with ``force``: the replica is purged and re-learned;
 * **engine restart**: a lower ``seq`` with a newer timestamp; the script purges the replica;
 * **Redis outage**: the apply raises; the stream waits with exponential backoff, then resumes as
-  after a restart (a Redis that lost its data has no stream state: replay from 0).
+  after a restart (a Redis that lost its data has no stream state: replay from 0);
+* **engine out of reach** (its replay socket does not answer at all): the stream is *unreached*
+  (``unreached_since``, not connected) until it hears from the engine again, a live batch or a replay
+  answer; meanwhile it asks for the replay again every ``retry_s``. Silence alone is no sign: an idle
+  engine publishes nothing, so a stream without a replay socket is never unreached.
 
 **Malformed events** are decoded one by one: a malformed ``BlockStored`` is skipped (the index
 then only under-predicts), one of any other kind may have removed blocks and becomes a purge at its
@@ -98,6 +102,7 @@ class StreamStats:
     connected: bool = False
     last_seq: int = -1
     last_batch_age_s: float | None = None
+    unreached_s: float | None = None  # how long the engine has not answered (None: it does)
     batches_seen: int = 0
     events_applied: int = 0
     duplicates: int = 0
@@ -133,6 +138,7 @@ class EventStream:
         replay_timeout_s: float = 5.0,
         backoff_max_s: float = 5.0,
         max_batches_per_call: int = MAX_BATCHES_PER_CALL,
+        retry_s: float = 5.0,
     ) -> None:
         self.index = index
         self.ctx = ctx
@@ -142,6 +148,9 @@ class EventStream:
         self.check = check  # sees every BlockStored (it samples itself)
         self.replay_timeout_s, self.backoff_max_s = replay_timeout_s, backoff_max_s
         self.max_batches_per_call = max_batches_per_call
+        self.retry_s = retry_s
+        # Monotonic time of the first replay that got no answer since the engine was last heard from.
+        self.unreached_since: float | None = None
         self.stats = StreamStats(stream, endpoint, replay_endpoint)
         self._last_batch = 0.0
         self._rng = random.Random()
@@ -192,6 +201,8 @@ class EventStream:
     def health(self) -> dict[str, object]:
         if self._last_batch:
             self.stats.last_batch_age_s = round(time.monotonic() - self._last_batch, 3)
+        since = self.unreached_since
+        self.stats.unreached_s = None if since is None else round(time.monotonic() - since, 3)
         return self.stats.as_dict()
 
     # -- main loop -------------------------------------------------------------------------------
@@ -201,9 +212,9 @@ class EventStream:
         while True:
             try:
                 await self._resume()
-                self._set_connected(True)
+                self._set_connected(self.unreached_since is None)
                 backoff = 0.1
-                await self._follow()
+                await self._follow()  # returns to ask for the replay again while the engine is out of reach
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
@@ -230,7 +241,10 @@ class EventStream:
     async def _follow(self) -> None:
         assert self._sub is not None
         while True:
+            if self.unreached_since is not None and not await self._sub.poll(int(self.retry_s * 1000)):
+                return
             frames = [await self._sub.recv_multipart()]
+            self._heard()
             # What else is queued goes to Redis in the same round trip (none is waited for).
             while len(frames) < self.max_batches_per_call:
                 try:
@@ -261,6 +275,7 @@ class EventStream:
             # No replay socket (or it did not answer): the next live batch re-learns the replica.
             self._force_next = True
             return
+        self._force_next = False  # this replay reaches back to Redis's position: nothing is lost any more
         expected = start
         items: list[tuple[int, bytes, bool]] = []
         for seq, payload in batches:
@@ -364,13 +379,38 @@ class EventStream:
         assert self.replay_endpoint is not None
         self.stats.replays += 1
         REPLAYS.labels(*self._labels).inc()
-        replay = await request_replay(self.ctx, self.replay_endpoint, start, timeout_s=self.replay_timeout_s)
+        try:
+            replay = await request_replay(self.ctx, self.replay_endpoint, start, timeout_s=self.replay_timeout_s)
+        except zmq.ZMQError as exc:
+            self._unreached(f"replay socket {self.replay_endpoint}: {exc}")
+            raise
         if replay.complete:
+            self._heard()
             return replay.batches
+        if not replay.batches:
+            self._unreached(f"replay from {start}: no answer from {self.replay_endpoint} in {self.replay_timeout_s:g}s")
+            return None
         # Batches that arrived before the engine went quiet are still worth applying.
+        self._heard()
         self.stats.last_error = f"replay from {start} timed out after {len(replay.batches)} batches"
         log.warning("indexer %s: %s", self.stats.stream, self.stats.last_error)
-        return replay.batches or None
+        return replay.batches
+
+    def _heard(self) -> None:
+        """The engine answered (a live batch, a replay): it is within reach."""
+        if self.unreached_since is not None:
+            log.info("indexer %s: the engine answers again after %.1fs", self.stats.stream,
+                     time.monotonic() - self.unreached_since)
+            self.unreached_since = None
+            self._set_connected(True)
+
+    def _unreached(self, why: str) -> None:
+        self.stats.last_error = why
+        self._set_connected(False)
+        if self.unreached_since is None:
+            self.unreached_since = time.monotonic()
+            log.warning("indexer %s: engine out of reach (%s); asking again every %.1fs", self.stats.stream, why,
+                        self.retry_s)
 
     def _set_connected(self, up: bool) -> None:
         self.stats.connected = up
