@@ -63,11 +63,14 @@ class GroupVisionSettings:
 
     family: str = doc(f"Visual-token formula of the group's model: one of {list(FAMILIES)}.", default="qwen2_5_vl")
     min_pixels: int | None = doc(
-        "The engine's min_pixels (Qwen families) when the deployment overrides the model default.", default=None
+        "The engine's min_pixels (Qwen families) when the deployment overrides the model default (vLLM "
+        "--mm-processor-kwargs): must equal it, or counts differ from the engine's.", default=None
     )
     max_pixels: int | None = doc(
-        "The engine's max_pixels (Qwen families) when the deployment overrides the model default; also the "
-        "ceiling at which unfetched remote images are counted.", default=None,
+        "The engine's max_pixels (Qwen families) when the deployment overrides the model default (vLLM "
+        "--mm-processor-kwargs): must equal it, or counts differ from the engine's and a KV-routed group "
+        "routes image requests by load after repeated mismatches; also the ceiling at which unfetched remote images "
+        "are counted.", default=None,
     )
     detail: str | None = doc("Default detail level (openai/anthropic/gemini) when the request gives none.",
                              default=None)
