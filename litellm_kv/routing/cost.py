@@ -163,6 +163,9 @@ class RoutingDecision:
     hit_tokens: dict[str, int] = field(default_factory=dict)  # replica -> predicted hit tokens
     ttft_s: dict[str, float] = field(default_factory=dict)  # replica -> predicted TTFT (TTFT model only)
     raw_ttft_s: float = 0.0  # the chosen replica's prediction before its measured correction
+    visual_tokens: int = 0  # the chosen replica's uncached visual tokens (TTFT model only)
+    visual_s: float = 0.0  # their part of raw_ttft_s
+    visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens at the chosen one's rate
 
 
 def replica_load(cfg: CostSettings, c: Candidate) -> float:
@@ -203,6 +206,13 @@ def _capped(match: ReplicaMatch, limit: int) -> tuple[int, int, int]:
     return gpu, cpu, sto
 
 
+def uncached_visual(spans: Sequence[tuple[int, int]], cached_tokens: int) -> int:
+    """Visual tokens of the images in ``spans`` (``(offset, tokens)`` placeholder runs) not wholly within the
+    first ``cached_tokens``: the images the engine must process and encode. vLLM skips an image whose
+    placeholders are all cached and encodes the whole image otherwise."""
+    return sum(n for off, n in spans if off + n > cached_tokens)
+
+
 class CostModel:
     """Chooses a replica for a prompt. Pure apart from the random source used for ties and
     temperature sampling (seeded for reproducible simulations)."""
@@ -214,7 +224,8 @@ class CostModel:
         self.ttft = ttft
         self._rng = random.Random(seed)
         if ttft is not None:
-            self._defaults = ReplicaRates(ttft.prefill_s_per_token, ttft.prefill_overhead_s, ttft.decode_step_s)
+            self._defaults = ReplicaRates(ttft.prefill_s_per_token, ttft.prefill_overhead_s, ttft.decode_step_s,
+                                          visual_s_per_token=ttft.visual_s_per_token)
 
     @property
     def kind(self) -> str:
@@ -228,11 +239,14 @@ class CostModel:
         loads = {c.replica: replica_load(self.cfg, c) for c in candidates}
         return RoutingDecision(self._argmin(loads), reason, 0, loads)
 
-    def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate]) -> RoutingDecision:
+    def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate],
+               visual_spans: Sequence[tuple[int, int]] = ()) -> RoutingDecision:
+        """``visual_spans``: ``(offset, tokens)`` of each image's placeholder run, which the TTFT model
+        charges at ``visual_s_per_token`` on top where the candidate's hits do not cover them."""
         if not candidates:
             raise ValueError("no candidates")
         if self.ttft is not None:
-            return self._choose_ttft(prompt_tokens, block_size, candidates, self.ttft)
+            return self._choose_ttft(prompt_tokens, block_size, candidates, self.ttft, visual_spans)
         cfg = self.cfg
         limit = max_hit_blocks(prompt_tokens, block_size)
         hits: dict[str, int] = {}
@@ -281,7 +295,7 @@ class CostModel:
         return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits)
 
     def _choose_ttft(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate],
-                     tc: TtftSettings) -> RoutingDecision:
+                     tc: TtftSettings, visual_spans: Sequence[tuple[int, int]] = ()) -> RoutingDecision:
         """Lowest predicted TTFT plus ``work_weight`` × own prefill seconds (docs/routing.md)."""
         cfg = self.cfg
         limit = max_hit_blocks(prompt_tokens, block_size)
@@ -289,6 +303,7 @@ class CostModel:
         ttft: dict[str, float] = {}
         costs: dict[str, float] = {}
         raw: dict[str, float] = {}
+        visual: dict[str, tuple[int, float, float]] = {}  # replica -> uncached visual tokens, seconds, extra tokens
         chunk = tc.chunk_tokens
         for c in candidates:
             r = c.replica
@@ -310,6 +325,11 @@ class CostModel:
             if waiting:
                 queued = max(queued, waiting * cfg.waiting_request_tokens)
             own = rt.prefill_overhead_s + b * new
+            if visual_spans:
+                vis = uncached_visual(visual_spans, (matched + extra) * block_size)
+                vis_s = rt.visual_s_per_token * vis
+                own += vis_s
+                visual[r] = (vis, vis_s, vis_s / b)
             # Requests queued ahead: the engine's count or the router's own, whichever is larger (the
             # scrape lags a burst the router has just sent).
             ahead = rt.prefill_overhead_s * max(waiting, c.inflight_prefill_requests) + b * queued
@@ -341,7 +361,9 @@ class CostModel:
                 if loads[chosen] - floor > cfg.imbalance_abs_tokens and loads[chosen] > cfg.imbalance_ratio * floor:
                     chosen = min(loads, key=lambda k: (loads[k], costs[k]))
                     reason = "imbalance"
-        return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits, ttft, raw[chosen])
+        vis, vis_s, vis_extra = visual.get(chosen, (0, 0.0, 0.0))
+        return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits, ttft, raw[chosen], vis, vis_s,
+                               vis_extra)
 
     def _argmin(self, values: dict[str, float]) -> str:
         best = min(values.values())

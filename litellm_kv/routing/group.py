@@ -75,8 +75,8 @@ LOAD_ERRORS = counter(
 RATE_GAUGE = gauge(
     "replica_rate",
     "Rates the TTFT cost model uses per replica (learned from the engine's metrics and measured TTFTs; the "
-    "kv.ttft defaults before): prefill_seconds_per_token, prefill_overhead_seconds, decode_step_seconds, "
-    "output_tokens, ttft_correction.",
+    "kv.ttft defaults before): prefill_seconds_per_token, prefill_overhead_seconds, visual_seconds_per_token, "
+    "decode_step_seconds, output_tokens, ttft_correction.",
     ["model_group", "replica", "rate"],
 )
 TTFT_ERROR = histogram(
@@ -425,6 +425,7 @@ class KVGroup:
         r = self.rates.rates(replica)
         RATE_GAUGE.labels(self.name, replica, "prefill_seconds_per_token").set(r.prefill_s_per_token)
         RATE_GAUGE.labels(self.name, replica, "prefill_overhead_seconds").set(r.prefill_overhead_s)
+        RATE_GAUGE.labels(self.name, replica, "visual_seconds_per_token").set(r.visual_s_per_token)
         RATE_GAUGE.labels(self.name, replica, "decode_step_seconds").set(r.decode_step_s)
         RATE_GAUGE.labels(self.name, replica, "output_tokens").set(r.output_tokens)
         RATE_GAUGE.labels(self.name, replica, "ttft_correction").set(r.correction)
@@ -434,9 +435,11 @@ class KVGroup:
         if result.raw_ttft_s > 0:
             predicted = result.predicted_ttft_s.get(result.replica, 0.0)
             TTFT_ERROR.labels(self.name).observe(measured_s - predicted)
-            self.rates.observe_ttft(result.replica, result.raw_ttft_s, measured_s)
-            RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(
-                self.rates.rates(result.replica).correction)
+            self.rates.observe_ttft(result.replica, result.raw_ttft_s, measured_s,
+                                    visual_tokens=result.uncached_visual_tokens, visual_s=result.raw_visual_s)
+            rates = self.rates.rates(result.replica)
+            RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(rates.correction)
+            RATE_GAUGE.labels(self.name, result.replica, "visual_seconds_per_token").set(rates.visual_s_per_token)
 
     def status(self) -> dict[str, Any]:
         """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
@@ -464,6 +467,9 @@ class KVGroup:
             return
         # Counted in process at once; in shared mode published to Redis in the background (RedisLoadTracker).
         prefill = max(0, result.prompt_tokens - max(result.predicted_hit_tokens, result.expected_hit_tokens))
+        # Images the replica must encode count as the prefill tokens their time is worth, so the requests queued
+        # behind them see it.
+        prefill += round(result.visual_extra_tokens)
         await self._guarded(self.load.begin(self.name, result.replica, request_id, prefill))
 
     async def first_token(self, request_id: str) -> None:

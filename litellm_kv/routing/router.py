@@ -99,6 +99,9 @@ class RoutingResult:
     block_size: int = 0  # of the hashes (0: none were computed)
     visual_tokens: int = 0  # image requests routed by cache: the visual tokens the placeholders were expanded to
     images: list[dict[str, Any]] = field(default_factory=list)  # per image: identifier, offset, tokens, blocks
+    uncached_visual_tokens: int = 0  # TTFT model: the chosen replica's visual tokens of images it must encode
+    raw_visual_s: float = 0.0  # their part of raw_ttft_s
+    visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens (counted as load)
 
 
 class KVRouter:
@@ -164,7 +167,9 @@ class KVRouter:
         if self.rates is not None and self.cost.ttft is not None:
             for c in cands:
                 c.rates = self.rates.rates(c.replica)
-        d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands)
+        spans = [(f.offset, f.length) for f in request.mm]
+        d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands,
+                                              visual_spans=spans)
         if d.ttft_s:
             self.last_ttft = d.ttft_s
             for r, t in d.ttft_s.items():
@@ -180,6 +185,7 @@ class KVRouter:
             replica=d.replica, reason=d.reason, predicted_hit_tokens=exact_hits.get(d.replica, 0), prompt_tokens=L,
             wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
             predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s, block_size=hasher.block_size,
+            uncached_visual_tokens=d.visual_tokens, raw_visual_s=d.visual_s, visual_extra_tokens=d.visual_extra_tokens,
         )
 
     @staticmethod

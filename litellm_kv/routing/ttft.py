@@ -5,6 +5,7 @@ A replica's time to first token for a request is modelled as
     ttft = correction · (queued + own + slowdown)
     queued   = prefill_overhead_s · queued_requests + prefill_s_per_token · queued_tokens
     own      = prefill_overhead_s + prefill_s_per_token · uncached_equivalent_tokens
+               + visual_s_per_token · uncached_visual_tokens
     slowdown = decode_step_s · ⌈(queued_tokens + uncached tokens) / chunk_tokens⌉   (only while it decodes)
 
 Three sources feed the rates, all bounded in memory (a few floats per replica):
@@ -19,7 +20,11 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   is the decode step the replica runs now, the slowdown a chunk of prefill pays beside running decodes.
 * **The proxy's own measurements**: streamed responses give the time from the routing decision to the
   first content chunk. The ratio of the decayed sums of measured to predicted TTFT, clamped to
-  ``correction_min`` .. ``correction_max``, corrects what the engine's figures miss (network, proxy, batching effects).
+  ``correction_min`` .. ``correction_max``, corrects what the engine's figures miss (network, proxy, batching
+  effects); it is learned from the responses that computed no image. Those that did teach
+  ``visual_s_per_token``: what an uncached image costs beyond its tokens at the text rate (the engine's image
+  processing and vision encoder, which vLLM skips for an image whose blocks are cached): the decayed excess of
+  their measured TTFT over the rest of their prediction, over their decayed uncached visual tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ class TtftSettings:
         "per-token rate is learned beyond it. Capped at half the engine's mean prefill time per request "
         "once the engine reports prefills (a small model's requests may prefill faster than this).",
         default=0.005,
+    )
+    visual_s_per_token: float = doc(
+        "Seconds per uncached visual token (an image's placeholder tokens) beyond the text rate, before the "
+        "proxy's measurements of image requests are known: the engine's image processing and vision encoder, "
+        "which it skips when the image's blocks are cached. Learned per replica from measured TTFTs.",
+        default=4.0e-5,
     )
     decode_step_s: float = doc(
         "Seconds of one engine step beside running decodes before the engine's inter-token latency is known.",
@@ -107,8 +118,8 @@ class TtftSettings:
         for name in ("prefill_s_per_token", "decode_step_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        for name in ("prefill_overhead_s", "work_weight", "decode_weight", "output_tokens", "recent_weight",
-                     "prior_requests", "peer_prior_requests"):
+        for name in ("prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight", "output_tokens",
+                     "recent_weight", "prior_requests", "peer_prior_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.chunk_tokens <= 0:
@@ -143,6 +154,8 @@ class ReplicaRates:
     correction: float = 1.0
     engine_prefills: float = 0.0  # prefills the fit has seen (decayed)
     measured_ttfts: float = 0.0  # proxy-measured TTFTs behind the correction (decayed)
+    visual_s_per_token: float = 4.0e-5  # uncached visual token beyond the text rate
+    measured_visual: float = 0.0  # proxy-measured responses with uncached images behind it (decayed)
 
     @property
     def calibrated(self) -> bool:
@@ -154,7 +167,7 @@ class _Learner:
     the correction's two sums. A few floats."""
 
     __slots__ = ("corr_meas", "corr_pred", "corr_w", "last", "nn", "ns", "nt", "out", "out_w", "rates", "step",
-                 "step_w")
+                 "step_w", "vis_excess", "vis_tokens", "vis_w")
 
     def __init__(self, cfg: TtftSettings) -> None:
         self.last: EngineTimings | None = None
@@ -165,8 +178,10 @@ class _Learner:
         self.out = cfg.output_tokens
         self.out_w = 0.0
         self.corr_meas = self.corr_pred = self.corr_w = 0.0
+        # Decayed sums over responses that computed images: excess seconds, uncached visual tokens, responses.
+        self.vis_excess = self.vis_tokens = self.vis_w = 0.0
         self.rates = ReplicaRates(cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s,
-                                  cfg.output_tokens)
+                                  cfg.output_tokens, visual_s_per_token=cfg.visual_s_per_token)
 
 
 class RateBook:
@@ -183,7 +198,8 @@ class RateBook:
         self._pooled: dict[str, ReplicaRates] = {}
         self._peers_stale = True
         self._default = ReplicaRates(self.cfg.prefill_s_per_token, self.cfg.prefill_overhead_s,
-                                     self.cfg.decode_step_s, self.cfg.output_tokens)
+                                     self.cfg.decode_step_s, self.cfg.output_tokens,
+                                     visual_s_per_token=self.cfg.visual_s_per_token)
 
     def rates(self, replica: str) -> ReplicaRates:
         """The rates the cost model uses for a replica. Once its engine has reported prefills: its own fit,
@@ -215,7 +231,8 @@ class RateBook:
         return ReplicaRates(mix(own.prefill_s_per_token, peers.prefill_s_per_token),
                             mix(own.prefill_overhead_s, peers.prefill_overhead_s),
                             mix(own.decode_step_s, peers.decode_step_s), mix(own.output_tokens, peers.output_tokens),
-                            own.correction, own.engine_prefills, own.measured_ttfts)
+                            own.correction, own.engine_prefills, own.measured_ttfts, own.visual_s_per_token,
+                            own.measured_visual)
 
     def _peer_mean(self) -> ReplicaRates | None:
         """The mean rates of the calibrated replicas, None without one; kept until a replica's rates change
@@ -227,7 +244,7 @@ class RateBook:
         return ReplicaRates(
             sum(p.prefill_s_per_token for p in peers) / n, sum(p.prefill_overhead_s for p in peers) / n,
             sum(p.decode_step_s for p in peers) / n, sum(p.output_tokens for p in peers) / n,
-            sum(p.correction for p in peers) / n,
+            sum(p.correction for p in peers) / n, visual_s_per_token=sum(p.visual_s_per_token for p in peers) / n,
         )
 
     def _learner(self, replica: str) -> _Learner:
@@ -296,16 +313,32 @@ class RateBook:
         corr = 1.0
         if lr.corr_w > 0 and lr.corr_pred > 0:
             corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
-        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.corr_w)
+        # Seconds per uncached visual token beyond the text rate: the decayed excess over the decayed tokens, with
+        # prior_requests responses of the typical image at the default mixed in, never below zero.
+        mv = lr.vis_tokens / lr.vis_w if lr.vis_w > 0 else 1000.0
+        prior_vis = cfg.prior_requests * mv
+        v = max(0.0, (lr.vis_excess + prior_vis * cfg.visual_s_per_token) / max(1e-9, lr.vis_tokens + prior_vis))
+        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.corr_w, v, lr.vis_w)
         self._peers_stale = True
 
     # -- the proxy's own measurements ---------------------------------------------------------------
-    def observe_ttft(self, replica: str, predicted_s: float, measured_s: float) -> None:
+    def observe_ttft(self, replica: str, predicted_s: float, measured_s: float, *, visual_tokens: int = 0,
+                     visual_s: float = 0.0) -> None:
         """A response's measured time to first token against what was predicted for it (uncorrected
-        prediction: the correction is the ratio of the two)."""
+        prediction). Without uncached visual tokens it teaches the correction (the ratio of the two); with
+        ``visual_tokens`` uncached visual tokens, of which ``visual_s`` seconds of the prediction, it teaches
+        ``visual_s_per_token`` instead: the measured time beyond the corrected rest of the prediction."""
         if not (predicted_s > 0 and measured_s >= 0 and math.isfinite(measured_s)):
             return
         lr = self._learner(replica)
+        if visual_tokens > 0:
+            rest = max(0.0, predicted_s - visual_s) * lr.rates.correction
+            keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
+            lr.vis_excess = lr.vis_excess * keep + (measured_s - rest)
+            lr.vis_tokens = lr.vis_tokens * keep + visual_tokens
+            lr.vis_w = lr.vis_w * keep + 1.0
+            self._refit(lr)
+            return
         keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
         lr.corr_meas = lr.corr_meas * keep + measured_s
         lr.corr_pred = lr.corr_pred * keep + predicted_s
@@ -320,6 +353,8 @@ class RateBook:
             out[r] = {
                 "prefill_ms_per_1k_tokens": round(x.prefill_s_per_token * 1e6, 3),
                 "prefill_overhead_ms": round(x.prefill_overhead_s * 1e3, 3),
+                "visual_ms_per_1k_tokens": round(x.visual_s_per_token * 1e6, 3),
+                "measured_visual": round(x.measured_visual, 1),
                 "decode_step_ms": round(x.decode_step_s * 1e3, 3),
                 "output_tokens": round(x.output_tokens, 1),
                 "correction": round(x.correction, 3),

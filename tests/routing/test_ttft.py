@@ -97,6 +97,30 @@ def test_measured_ttft_corrects_within_bounds() -> None:
     assert book.rates("c").correction == 1.0
 
 
+def test_image_responses_teach_the_visual_rate_and_leave_the_correction_alone() -> None:
+    cfg = TtftSettings(visual_s_per_token=4e-5)
+    book = RateBook(cfg)
+    for _ in range(30):
+        book.observe_ttft("a", predicted_s=0.1, measured_s=0.2)  # text: the correction learns 2
+    assert book.rates("a").correction == pytest.approx(2.0)
+    # Image responses: 0.08 s of their prediction was 2,000 visual tokens at the default; the rest (0.1 s at
+    # correction 2 = 0.2 s) leaves 0.2 s of a 0.4 s TTFT to the images: 1e-4 s per visual token.
+    for _ in range(200):
+        book.observe_ttft("a", predicted_s=0.18, measured_s=0.4, visual_tokens=2000, visual_s=0.08)
+    r = book.rates("a")
+    assert r.correction == pytest.approx(2.0)
+    # (prior_requests responses at the default stay mixed in: 5 against ~72 decayed measurements)
+    assert r.visual_s_per_token == pytest.approx(1e-4, rel=0.06)
+    assert r.measured_visual > 30
+    assert book.status()["a"]["visual_ms_per_1k_tokens"] == pytest.approx(100, rel=0.06)
+    # Images that cost nothing beyond their tokens drive the rate to zero, never below.
+    for _ in range(400):
+        book.observe_ttft("b", predicted_s=0.1, measured_s=0.05, visual_tokens=1000, visual_s=0.04)
+    assert book.rates("b").visual_s_per_token == 0.0
+    # Before any image response: the default.
+    assert book.rates("c").visual_s_per_token == cfg.visual_s_per_token
+
+
 def test_memory_is_bounded_by_the_replicas_kept() -> None:
     book = RateBook(TtftSettings())
     for i in range(100):
@@ -128,6 +152,30 @@ def test_hit_wins_when_queues_are_equal_and_predictions_are_in_seconds() -> None
     assert d.ttft_s["cold"] == pytest.approx(cfg.prefill_overhead_s + 4000 * cfg.prefill_s_per_token)
     assert d.ttft_s["hit"] == pytest.approx(cfg.prefill_overhead_s + 800 * cfg.prefill_s_per_token)
     assert d.raw_ttft_s == pytest.approx(d.ttft_s["hit"])
+
+
+def test_an_image_costs_its_encoding_where_it_is_not_cached() -> None:
+    cfg = TtftSettings(visual_s_per_token=1e-4)
+    m = CostModel(CostSettings(), seed=0, ttft=cfg)
+    # 1,000 tokens; an image's 640 placeholder tokens at 160..800. "hit" holds the first 50 blocks (800 tokens).
+    spans = [(160, 640)]
+    d = m.choose(1000, BS, [Candidate("hit", ReplicaMatch(gpu=50)), Candidate("cold")], visual_spans=spans)
+    assert d.replica == "hit"
+    assert d.ttft_s["cold"] == pytest.approx(cfg.prefill_overhead_s + 1000 * cfg.prefill_s_per_token + 640 * 1e-4)
+    assert d.ttft_s["hit"] == pytest.approx(cfg.prefill_overhead_s + 200 * cfg.prefill_s_per_token)
+    assert (d.visual_tokens, d.visual_s, d.visual_extra_tokens) == (0, 0.0, 0.0)
+    # Where the image is only partly cached, the whole image is encoded again.
+    d = m.choose(1000, BS, [Candidate("part", ReplicaMatch(gpu=20))], visual_spans=spans)
+    assert d.visual_tokens == 640 and d.visual_s == pytest.approx(0.064)
+    assert d.visual_extra_tokens == pytest.approx(0.064 / cfg.prefill_s_per_token)
+    assert d.ttft_s["part"] == pytest.approx(cfg.prefill_overhead_s + 680 * cfg.prefill_s_per_token + 0.064)
+    # An idle replica without the image beats a holder whose queue holds the encoding of other images.
+    queued = Candidate("hit", ReplicaMatch(gpu=50), inflight_prefill_tokens=round(3 * 0.064 / cfg.prefill_s_per_token),
+                       inflight_prefill_requests=3)
+    assert m.choose(1000, BS, [queued, Candidate("cold")], visual_spans=spans).replica == "cold"
+    # Without images the prediction is the text model's.
+    plain = m.choose(1000, BS, [Candidate("hit", ReplicaMatch(gpu=50)), Candidate("cold")])
+    assert plain.ttft_s["cold"] == pytest.approx(cfg.prefill_overhead_s + 1000 * cfg.prefill_s_per_token)
 
 
 def test_a_long_queue_ahead_of_the_hit_sends_the_request_to_an_idle_replica() -> None:
