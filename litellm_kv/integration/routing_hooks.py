@@ -412,6 +412,10 @@ class KVRoutingHandler(Handler):
                 else None
         except PolicyViolation as exc:
             return {"error": exc.message}
+        if vision is not None:
+            # The client's processor kwargs as the call sends them: checked and rewritten to the bounds the
+            # images were counted with (VisionHandler.pre_call), which key the engine's image identifiers.
+            body = {**body, "mm_processor_kwargs": vision.get("mm_processor_kwargs")}
         result = await g.decide(_chat_request(body, self._group_deployments(group), vision), list(g.fleet.replicas))
         hasher = g.fleet.hasher()
         out = asdict(result)

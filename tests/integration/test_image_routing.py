@@ -179,8 +179,10 @@ def probes(base: str, served: dict[str, bytes]) -> list[tuple[list[dict[str, Any
         return {"type": "image_url", "image_url": {"url": f"{base}/img{i}.png"}} if url else inline(images[i])
 
     out: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
+    step = 0
     while len(out) < 130:
-        kind = len(out) % 8
+        kind = step % 8  # by step, not by len(out): kinds that add two probes must not skip the next kind
+        step += 1
         i, j = rnd.randrange(12), rnd.randrange(12)
         if kind == 0:  # text only
             out.append(([{"role": "user", "content": sentence(rnd.randrange(20, 120))}], {}))
@@ -205,6 +207,8 @@ def probes(base: str, served: dict[str, bytes]) -> list[tuple[list[dict[str, Any
         else:  # a long text prefix shared by many, with an image after it
             out.append(([{"role": "system", "content": "You are a careful describer. " * 30},
                          {"role": "user", "content": [img(j), text(sentence(5))]}], {}))
+    assert sum(1 for _, extra in out if extra) >= 8, "the client max_pixels probes are missing"
+    assert sum(1 for m, _ in out if len(m) == 3) >= 8, "the second-turn probes are missing"
     return out
 
 
