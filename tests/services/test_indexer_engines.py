@@ -148,6 +148,32 @@ def traffic(engines: list[EngineReplica], seeds: range) -> None:
             chat(engines[(seed + i) % len(engines)], msgs)
 
 
+class BackgroundTraffic:
+    """Conversations from ``first`` on (up to ``last``, exclusive, if given), one after another on a daemon
+    thread from ``start()`` until ``stop()``; ``sent`` holds the seeds sent in full."""
+
+    def __init__(self, engines: list[EngineReplica], first: int, last: int | None = None) -> None:
+        self.engines, self.first, self.last = engines, first, last
+        self.sent: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        seed = self.first
+        while not self._stop.is_set() and (self.last is None or seed < self.last):
+            traffic(self.engines, range(seed, seed + 1))
+            self.sent.append(seed)
+            seed += 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+
+
 def settle(ix: Indexer, timeout: float = 10.0) -> None:
     """Wait until the indexer has applied everything the engines published (no change for 0.4 s)."""
     deadline = time.monotonic() + timeout
@@ -317,15 +343,7 @@ def test_one_of_two_indexers_killed_the_other_keeps_the_index_exact(
     stream positions in Redis; the index matches the engines without restarting the dead one."""
     second = Indexer(redis_srv.url, engines, "indexer-c")
     second.start()
-    stop = threading.Event()
-
-    def background() -> None:
-        seed = 400
-        while not stop.is_set():
-            traffic(engines, range(seed, seed + 1))
-            seed += 1
-
-    t = threading.Thread(target=background, daemon=True)
+    t = BackgroundTraffic(engines, 400)
     try:
         second.wait_healthy()
         t.start()
@@ -334,8 +352,7 @@ def test_one_of_two_indexers_killed_the_other_keeps_the_index_exact(
         t_kill = time.monotonic()
         time.sleep(1.5)
     finally:
-        stop.set()
-        t.join(60)
+        t.stop()
         second.stop()
     n = check_exact(indexer, engines, range(400, 404, 2))
     took = time.monotonic() - t_kill
@@ -376,21 +393,12 @@ def test_indexers_split_the_replicas(engines: list[EngineReplica], redis_srv: Re
 
 
 def test_indexer_sigkill_mid_stream_recovers(indexer: Indexer, engines: list[EngineReplica]) -> None:
-    stop = threading.Event()
-
-    def background() -> None:
-        seed = 100
-        while not stop.is_set():
-            traffic(engines, range(seed, seed + 1))
-            seed += 1
-
-    t = threading.Thread(target=background, daemon=True)
+    t = BackgroundTraffic(engines, 100)
     t.start()
     time.sleep(1.5)
     indexer.kill()  # SIGKILL while batches keep coming
     time.sleep(1.5)
-    stop.set()
-    t.join(60)
+    t.stop()
     t0 = indexer.start()
     indexer.wait_healthy()
     check_exact(indexer, engines, range(100, 104, 2))
@@ -492,17 +500,8 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
     b = Indexer(own.url, engines, "indexer-lease-b", indexer_id="lease-b", **LEASE)
     c = Indexer(own.url, engines, "indexer-lease-c", indexer_id="lease-c", **LEASE)
     everyone = {replica_id(e.api_base) for e in engines}
-    stop = threading.Event()
-    sent: list[int] = []
-
-    def background() -> None:
-        seed = 720
-        while not stop.is_set() and seed < 760:
-            traffic(engines, range(seed, seed + 1))
-            sent.append(seed)
-            seed += 1
-
-    t = threading.Thread(target=background, daemon=True)
+    t = BackgroundTraffic(engines, 720, 760)
+    sent = t.sent
     try:
         a.start()
         a.wait_healthy()
@@ -527,8 +526,7 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
             time.sleep(0.05)
         recovered = time.monotonic() - t_kill
         time.sleep(1.0)
-        stop.set()
-        t.join(60)
+        t.stop()
         assert followed(a) == everyone, a.health()
         bound = LEASE["lease_ttl_s"] + LEASE["lease_renew_interval_s"] + BRING_UP_S
         assert recovered <= bound, f"re-covered after {recovered:.2f}s, over {bound}s"
@@ -562,9 +560,7 @@ def test_lease_indexers_share_the_engines_and_take_over_a_killed_ones(engines: l
               f"shutdown); index exact against the engines after replay ({n_after} probe comparisons, "
               f"{len(sent)} conversations sent around the kill)")
     finally:
-        stop.set()
-        if t.is_alive():
-            t.join(60)
+        t.stop()
         a.stop()
         b.stop()
         c.stop()
@@ -610,17 +606,8 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
     p = Indexer(own.url, engines, "indexer-unreach-p", replica_extra={engines[1].api_base: dead},
                 indexer_id="cut-p", **UNREACHABLE)
     everyone = {replica_id(e.api_base) for e in engines}
-    stop = threading.Event()
-    sent: list[int] = []
-
-    def background() -> None:
-        seed = 820
-        while not stop.is_set() and seed < 880:
-            traffic(engines, range(seed, seed + 1))
-            sent.append(seed)
-            seed += 1
-
-    t = threading.Thread(target=background, daemon=True)
+    t = BackgroundTraffic(engines, 820, 880)
+    sent = t.sent
     try:
         q.start()
         q.wait_healthy()
@@ -649,8 +636,7 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
         while time.monotonic() < t_watch + 3.0:  # within P's cooldown: engine 1 stays Q's
             assert cut in followed(q) and cut not in {r["replica"] for r in p.health()["replicas"] if r["owned"]}
             time.sleep(0.1)
-        stop.set()
-        t.join(60)
+        t.stop()
         assert metric(q, "litellm_kv_indexer_lease_claims_total", kind="unreachable", model_group=GROUP) == 1
         assert metric(p, "litellm_kv_indexer_lease_unreachable_total", model_group=GROUP, outcome="offered") == 1
         assert p.health()["status"] == "ok" and q.health()["status"] == "ok"
@@ -678,9 +664,7 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
               f"{len(sent)} conversations sent around the hand-off); P alone kept the lease "
               f"{t_alone - t_qstop:.2f}s after Q stopped")
     finally:
-        stop.set()
-        if t.is_alive():
-            t.join(60)
+        t.stop()
         p.stop()
         q.stop()
         own.stop()
