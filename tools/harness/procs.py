@@ -24,6 +24,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports. Each is held until all are chosen: ports picked one by one before any
+    server binds them can repeat (the kernel may hand a just-closed port out again)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class ManagedProcess:
     """A child process in its own session, logged to a file, stopped by PID (its group)."""
 

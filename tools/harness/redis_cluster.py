@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster as SyncRedisCluster
 
 from litellm_kv.config import RedisSentinelSettings, RedisSettings
-from tools.harness.procs import ManagedProcess, free_port
+from tools.harness.procs import ManagedProcess, free_ports
 
 FAILOVER_TIMEOUT_MS = 1000
 
@@ -89,8 +89,10 @@ class RedisClusterServers:
         server, self._cli = _exe("redis-server"), _exe("redis-cli")
         self.dir = Path(tempfile.mkdtemp(prefix="litellm-kv-cluster-"))
         self.nodes: list[Node] = []
-        for i in range(masters * (1 + replicas)):
-            port, bus = free_port(), free_port()
+        count = masters * (1 + replicas)
+        ports = free_ports(2 * count)  # distinct: a repeat would leave a node unable to bind
+        for i in range(count):
+            port, bus = ports[2 * i], ports[2 * i + 1]
             d = self.dir / str(port)
             d.mkdir()
             argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
@@ -185,15 +187,15 @@ class RedisSentinelServers:
         self.dir = Path(tempfile.mkdtemp(prefix="litellm-kv-sentinel-"))
         base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "yes",
                 "--repl-diskless-sync-delay", "0"]
-        mport, rport = free_port(), free_port()
+        # Distinct: a port handed out twice left a sentinel unable to bind, and the set-up never settled.
+        mport, rport, *sentinel_ports = free_ports(5)
         self.data = [
             Node(f"{name}-a", mport, [server, "--port", str(mport), "--dir", str(self._mkdir("a")), *base]),
             Node(f"{name}-b", rport, [server, "--port", str(rport), "--dir", str(self._mkdir("b")), *base,
                                       "--replicaof", "127.0.0.1", str(mport)]),
         ]
         self.sentinels: list[Node] = []
-        for i in range(3):
-            port = free_port()
+        for i, port in enumerate(sentinel_ports):
             d = self._mkdir(f"s{i}")
             conf = d / "sentinel.conf"  # a sentinel rewrites its config file: one each
             conf.write_text(
