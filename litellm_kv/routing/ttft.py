@@ -327,11 +327,15 @@ class RateBook:
         """A response's measured time to first token against what was predicted for it (uncorrected
         prediction). Without uncached visual tokens it teaches the correction (the ratio of the two); with
         ``visual_tokens`` uncached visual tokens, of which ``visual_s`` seconds of the prediction, it teaches
-        ``visual_s_per_token`` instead: the measured time beyond the corrected rest of the prediction."""
+        ``visual_s_per_token`` instead: the measured time (at most ``correction_max`` times the prediction) beyond
+        the corrected rest of the prediction."""
         if not (predicted_s > 0 and measured_s >= 0 and math.isfinite(measured_s)):
             return
         lr = self._learner(replica)
         if visual_tokens > 0:
+            # One response counts for at most correction_max times its prediction (a stalled one cannot throw
+            # the rate far off); a rate that is truly higher still converges, by up to that factor per pass.
+            measured_s = min(measured_s, self.cfg.correction_max * predicted_s)
             rest = max(0.0, predicted_s - visual_s) * lr.rates.correction
             keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
             lr.vis_excess = lr.vis_excess * keep + (measured_s - rest)

@@ -121,6 +121,24 @@ def test_image_responses_teach_the_visual_rate_and_leave_the_correction_alone() 
     assert book.rates("c").visual_s_per_token == cfg.visual_s_per_token
 
 
+def test_a_stalled_image_response_moves_the_visual_rate_a_bounded_step() -> None:
+    cfg = TtftSettings(visual_s_per_token=4e-5)
+    book = RateBook(cfg)
+    for _ in range(100):
+        book.observe_ttft("a", predicted_s=0.18, measured_s=0.2, visual_tokens=2000, visual_s=0.08)
+    before = book.rates("a").visual_s_per_token
+    book.observe_ttft("a", predicted_s=0.18, measured_s=60.0, visual_tokens=2000, visual_s=0.08)
+    after = book.rates("a").visual_s_per_token
+    # Counted as 4 x 0.18 s = 0.72 s, not 60 s: well under twice the rate, where 60 s would make it ~20x.
+    assert before < after < 2 * before
+    # A replica whose images truly cost 10x the default still gets there.
+    for _ in range(300):
+        book.observe_ttft("b", predicted_s=0.1 + book.rates("b").visual_s_per_token * 2000,
+                          measured_s=0.1 + 4e-4 * 2000, visual_tokens=2000,
+                          visual_s=book.rates("b").visual_s_per_token * 2000)
+    assert book.rates("b").visual_s_per_token == pytest.approx(4e-4, rel=0.1)
+
+
 def test_memory_is_bounded_by_the_replicas_kept() -> None:
     book = RateBook(TtftSettings())
     for i in range(100):
