@@ -36,6 +36,7 @@ import asyncio
 import datetime as dt
 import json
 import math
+import os
 import signal
 import statistics
 import sys
@@ -228,7 +229,9 @@ async def main_async(args: argparse.Namespace) -> int:
         print("\n" + md)
         if args.markdown:
             Path(args.markdown).write_text(md + "\n")
-        print(f"\n[bench] {time.monotonic() - t0:.0f} s (other work was running on this machine)")
+        load1, load5, _ = os.getloadavg()
+        print(f"\n[bench] {time.monotonic() - t0:.0f} s; load average at the end {load1:.1f} (1 min), {load5:.1f} "
+              f"(5 min), with {os.cpu_count()} CPUs: the run itself keeps the CPUs busy, more means other work ran")
         return 0
     finally:
         bed.stop()
