@@ -1,7 +1,9 @@
 """Which TTFT-cost settings close the simulator gaps? A scan of litellm-kv variants against the field's best.
 
 Runs the load sweeps of docs/benchmarks.md (shared-prefix on 8 replicas, agent-fanout, hot-prefix, multi-turn
-and unique on 4; the H100 timing model, block size 64) for SGLang ``cache_aware``, Dynamo and least-loaded and
+and unique on 4; the H100 timing model, block size 64; with ``--cells trace`` or ``all`` also the Mooncake
+conversation trace's load sweep and fleet sweep over its first 3,000 requests and the whole trace at ×1.25,
+one seed: the trace is fixed) for SGLang ``cache_aware``, Dynamo and least-loaded and
 for each litellm-kv variant given as JSON (``{"name": {"ttft": {...}, "cost": {...}}}``: ``kv.ttft`` and
 ``kv.cost`` settings over the defaults), averages goodput over ``--seeds`` (workload and simulation seeds), and
 prints per cell each variant's goodput as a ratio to the better of SGLang and Dynamo, then each variant's worst
@@ -27,14 +29,18 @@ from litellm_kv.routing.cost import CostSettings
 from litellm_kv.routing.ttft import TtftSettings
 from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.model import ThroughputModel
-from litellm_kv.simulator.runner import Slo, load_sweep
+from litellm_kv.simulator.runner import Slo, fleet_sweep, load_sweep
 from litellm_kv.simulator.simulation import SimSettings
 from litellm_kv.simulator.strategies import STRATEGIES, LitellmKV
-from litellm_kv.simulator.workload import GENERATORS
+from litellm_kv.simulator.workload import GENERATORS, SimRequest, load_mooncake, scale_rate
 
 CELLS = [("shared-prefix", 8, [2, 4, 6, 8]), ("agent-fanout", 4, [1, 2, 3]), ("hot-prefix", 4, [2, 4, 6, 8]),
          ("multi-turn", 4, [2, 4, 6, 8]), ("unique", 4, [1, 2, 3, 4])]
+CONV_SPEEDS = [0.5, 1.0, 1.5, 2.0, 3.0]
+FLEET_SIZES = [2, 4, 8, 16]
 FIELD = ["sglang-cache-aware", "dynamo", "least-loaded"]
+TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/conversation_trace.jsonl"
+SLO = Slo(2.0, 0.1)
 
 
 def variant(spec: dict[str, Any]) -> Any:
@@ -44,33 +50,64 @@ def variant(spec: dict[str, Any]) -> Any:
     return build
 
 
+def _generated(names: list[str], seeds: list[int]) -> list[tuple[str, float, dict[str, float]]]:
+    """(cell, speed, goodput by strategy averaged over the seeds) of the generated-workload sweeps."""
+    rows = []
+    for wl, replicas, speeds in CELLS:
+        mean = {n: [0.0] * len(speeds) for n in names}
+        for seed in seeds:
+            cfg = SimSettings(replicas=replicas, block_size=64, model=ThroughputModel(), seed=seed)
+            series = load_sweep(GENERATORS[wl](block_size=64, seed=seed), cfg, names, SLO, speeds)
+            for n in names:
+                for i in range(len(speeds)):
+                    mean[n][i] += series[n][i].goodput_rps / len(seeds)
+        rows += [(wl, s, {n: mean[n][i] for n in names}) for i, s in enumerate(speeds)]
+    return rows
+
+
+def _trace(names: list[str], path: str) -> list[tuple[str, float, dict[str, float]]]:
+    """The conversation trace's sweeps (docs/benchmarks.md): load ×0.5-×3 and fleets of 2-16 replicas over its first
+    3,000 requests on 8 replicas, and the whole trace at ×1.25."""
+    cfg = SimSettings(replicas=8, block_size=64, model=ThroughputModel(), seed=0)
+    head = load_mooncake(path, 64, limit=3000)
+    rows = []
+    series = load_sweep(head, cfg, names, SLO, CONV_SPEEDS)
+    rows += [("conversation", s, {n: series[n][i].goodput_rps for n in names}) for i, s in enumerate(CONV_SPEEDS)]
+    series = fleet_sweep(head, cfg, names, SLO, FLEET_SIZES)
+    rows += [("fleet", float(k), {n: series[n][i].goodput_rps for n in names}) for i, k in enumerate(FLEET_SIZES)]
+    whole: list[SimRequest] = scale_rate(load_mooncake(path, 64), 1.25)
+    series = load_sweep(whole, cfg, names, SLO, [1.0])
+    rows.append(("whole trace", 1.25, {n: series[n][0].goodput_rps for n in names}))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("variants", help='JSON: {"name": {"ttft": {...}, "cost": {...}}}')
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--cells", default="generated", choices=["generated", "trace", "all"],
+                    help="the generated-workload sweeps (default), the conversation trace's, or both")
+    ap.add_argument("--trace", default=str(TRACE), help="the Mooncake conversation trace (--cells trace/all)")
     args = ap.parse_args(argv)
     variants: dict[str, dict[str, Any]] = json.loads(args.variants)
     seeds = [int(x) for x in args.seeds.split(",")]
     for name, spec in variants.items():
         STRATEGIES[name] = variant(spec)
     names = [*FIELD, *variants]
+    rows = []
+    if args.cells != "trace":
+        rows += _generated(names, seeds)
+    if args.cells != "generated":
+        rows += _trace(names, args.trace)
     worst = {n: float("inf") for n in variants}
     worst_ll = {n: float("inf") for n in variants}
-    for wl, replicas, speeds in CELLS:
-        mean = {n: [0.0] * len(speeds) for n in names}
-        for seed in seeds:
-            cfg = SimSettings(replicas=replicas, block_size=64, model=ThroughputModel(), seed=seed)
-            series = load_sweep(GENERATORS[wl](block_size=64, seed=seed), cfg, names, Slo(2.0, 0.1), speeds)
-            for n in names:
-                for i in range(len(speeds)):
-                    mean[n][i] += series[n][i].goodput_rps / len(seeds)
-        for i, speed in enumerate(speeds):
-            best = max(mean["sglang-cache-aware"][i], mean["dynamo"][i])
-            for n in variants:
-                worst[n] = min(worst[n], mean[n][i] / best)
-                worst_ll[n] = min(worst_ll[n], mean[n][i] / mean["least-loaded"][i])
-            ratios = "  ".join(f"{n} {mean[n][i] / best:.3f}" for n in variants)
-            print(f"{wl:14s} x{speed:<3g} best of sglang/dynamo {best:6.2f} req/s   {ratios}", flush=True)
+    for cell, speed, goodput in rows:
+        best = max(goodput["sglang-cache-aware"], goodput["dynamo"])
+        for n in variants:
+            worst[n] = min(worst[n], goodput[n] / best)
+            worst_ll[n] = min(worst_ll[n], goodput[n] / goodput["least-loaded"])
+        ratios = "  ".join(f"{n} {goodput[n] / best:.3f}" for n in variants)
+        print(f"{cell:14s} x{speed:<4g} best of sglang/dynamo {best:6.2f} req/s   {ratios}", flush=True)
     print("worst ratio to the better of sglang/dynamo: " + ", ".join(f"{n} {w:.3f}" for n, w in worst.items()))
     print("worst ratio to least-loaded: " + ", ".join(f"{n} {w:.3f}" for n, w in worst_ll.items()))
     return 0
