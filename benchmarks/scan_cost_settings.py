@@ -3,16 +3,17 @@
 Runs the load sweeps of docs/benchmarks.md (shared-prefix on 8 replicas, agent-fanout, hot-prefix, multi-turn
 and unique on 4; the H100 timing model, block size 64; with ``--cells trace`` or ``all`` also the Mooncake
 conversation trace's load sweep and fleet sweep over its first 3,000 requests and the whole trace at ×1.25,
-one seed: the trace is fixed) for SGLang ``cache_aware``, Dynamo and least-loaded and
-for each litellm-kv variant given as JSON (``{"name": {"ttft": {...}, "cost": {...}}}``: ``kv.ttft`` and
-``kv.cost`` settings over the defaults), averages goodput over ``--seeds`` (workload and simulation seeds), and
-prints per cell each variant's goodput as a ratio to the better of SGLang and Dynamo, then each variant's worst
-ratio to that and to least-loaded. The issue-17 bar: >= 1.0 against both, >= 0.99 against least-loaded.
+one seed: the trace is fixed) for SGLang ``cache_aware``, Dynamo and least-loaded and for each litellm-kv
+variant given as JSON (``{"name": {"ttft": {...}, "cost": {...}, "load": {...}}}``: ``kv.ttft``, ``kv.cost``
+and ``kv.load`` settings over the defaults), averages goodput over ``--seeds`` (workload and simulation
+seeds), and prints per cell each variant's goodput as a ratio to the better of SGLang and Dynamo, then each
+variant's worst ratio to that and to least-loaded. The issue-17 bar: >= 1.0 against both, >= 0.99 against least-loaded.
 
     .venv/bin/python benchmarks/scan_cost_settings.py \\
         '{"defaults": {}, "work_weight_1": {"ttft": {"work_weight": 1.0}}}' [--seeds 0,1,2]
 
-The simulator's results do not depend on the machine's speed (about 15 s per variant for three seeds here).
+The simulator's results do not depend on the machine's speed (about 30 s per variant for three seeds of the
+generated workloads here, about 2 min per variant for the trace cells).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litellm_kv.routing.cost import CostSettings
+from litellm_kv.routing.load import LoadSettings
 from litellm_kv.routing.ttft import TtftSettings
 from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.model import ThroughputModel
@@ -46,7 +48,7 @@ SLO = Slo(2.0, 0.1)
 def variant(spec: dict[str, Any]) -> Any:
     def build(seed: int) -> Strategy:
         return LitellmKV(seed=seed, ttft=TtftSettings(**spec.get("ttft", {})),
-                         cost=CostSettings(**spec.get("cost", {})))
+                         cost=CostSettings(**spec.get("cost", {})), load=LoadSettings(**spec.get("load", {})))
     return build
 
 
@@ -83,7 +85,7 @@ def _trace(names: list[str], path: str) -> list[tuple[str, float, dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("variants", help='JSON: {"name": {"ttft": {...}, "cost": {...}}}')
+    ap.add_argument("variants", help='JSON: {"name": {"ttft": {...}, "cost": {...}, "load": {...}}}')
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--cells", default="generated", choices=["generated", "trace", "all"],
                     help="the generated-workload sweeps (default), the conversation trace's, or both")

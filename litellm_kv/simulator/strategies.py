@@ -21,7 +21,7 @@ from typing import Any
 
 from litellm_kv.index.base import KVIndex
 from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
-from litellm_kv.routing.load import InMemoryLoadTracker
+from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
 from litellm_kv.simulator.interface import Gauges, Strategy
@@ -361,14 +361,16 @@ class LitellmKV(_EventDriven):
     cost_model = "ttft"
 
     def __init__(self, seed: int = 0, index: KVIndex | None = None, cost: CostSettings | None = None,
-                 sibling_ttl_s: float = 5.0, ttft: TtftSettings | None = None) -> None:
+                 sibling_ttl_s: float = 5.0, ttft: TtftSettings | None = None,
+                 load: LoadSettings | None = None) -> None:
         super().__init__(seed, index)
         tc = (ttft or TtftSettings()) if self.cost_model == "ttft" else None
         self.model = CostModel(cost or CostSettings(), seed=seed, ttft=tc)
         self.rates = RateBook(tc or TtftSettings())
         self.sibling_ttl_s = sibling_ttl_s
         self.siblings = SiblingIndex(ttl_s=sibling_ttl_s)
-        self.load = InMemoryLoadTracker()
+        self.load_settings = load
+        self.load = InMemoryLoadTracker(load)
         self.reasons: dict[str, int] = {}
         self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
         self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
@@ -376,7 +378,7 @@ class LitellmKV(_EventDriven):
     async def start(self, replicas: list[str], block_size: int, clock: Callable[[], float]) -> None:
         await super().start(replicas, block_size, clock)
         self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
-        self.load = InMemoryLoadTracker(clock=clock)
+        self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
 
     async def route(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         m = await self.matches(req)
