@@ -6,7 +6,8 @@ Two cost models, chosen per group (``kv.cost_model``):
   replica's cost is its *predicted time to first token* in seconds — prefill queued ahead, this
   request's uncached prefill, the slowdown of running decodes, at rates learned per replica
   (:mod:`litellm_kv.routing.ttft`) — plus ``work_weight`` × this request's own prefill seconds (the time
-  it takes from later requests there).
+  it takes from later requests there). With a TTFT target (``kv.ttft.slo_ttft_s``), only the replicas
+  predicted to meet it compete, when any is.
 * ``blocks`` (below): the token-equivalent cost the project shipped first.
 
 In the ``blocks`` model every quantity is in *prefill-token equivalents*: the cost of a replica is roughly the work it
@@ -166,6 +167,7 @@ class RoutingDecision:
     visual_tokens: int = 0  # the chosen replica's uncached visual tokens (TTFT model only)
     visual_s: float = 0.0  # their part of raw_ttft_s
     visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens at the chosen one's rate
+    slo_met: bool | None = None  # with kv.ttft.slo_ttft_s: whether any candidate was predicted to meet it
 
 
 def replica_load(cfg: CostSettings, c: Candidate) -> float:
@@ -345,11 +347,18 @@ class CostModel:
                 extra_s += b * cfg.kv_usage_penalty_tokens * min(1.0, (c.kv_usage - cfg.kv_usage_threshold) / span)
             extra_s += tc.decode_weight * rt.output_tokens * rt.decode_step_s
             costs[r] = t + tc.work_weight * rt.correction * own + extra_s
+        # With a TTFT target, only the replicas predicted to meet it compete, when there are any.
+        slo_met: bool | None = None
+        pool = costs
+        if tc.slo_ttft_s > 0:
+            meet = {r: v for r, v in costs.items() if ttft[r] <= tc.slo_ttft_s}
+            slo_met = bool(meet)
+            pool = meet or costs
         if cfg.temperature > 0:
-            chosen = self._sample(costs, cfg.temperature * self._defaults.prefill_s_per_token
+            chosen = self._sample(pool, cfg.temperature * self._defaults.prefill_s_per_token
                                   * max(prompt_tokens, block_size))
         else:
-            chosen = self._argmin(costs)
+            chosen = self._argmin(pool)
         reason: Reason
         if not hits:
             reason = "unique"
@@ -363,7 +372,7 @@ class CostModel:
                     reason = "imbalance"
         vis, vis_s, vis_extra = visual.get(chosen, (0, 0.0, 0.0))
         return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits, ttft, raw[chosen], vis, vis_s,
-                               vis_extra)
+                               vis_extra, slo_met)
 
     def _argmin(self, values: dict[str, float]) -> str:
         best = min(values.values())

@@ -444,7 +444,9 @@ class KVGroup:
     def status(self) -> dict[str, Any]:
         """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
         decision's predicted TTFT per replica."""
-        return {"cost_model": self.router.cost.kind, "rates": self.rates.status(),
+        tc = self.router.cost.ttft
+        return {"cost_model": self.router.cost.kind, "slo_ttft_s": (tc.slo_ttft_s or None) if tc else None,
+                "rates": self.rates.status(),
                 "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()},
                 "images": self.image_routing_off or ("routed by cache when the group has a vision section of a "
                                                      "Qwen-VL family and a verified local tokenizer")}

@@ -34,6 +34,12 @@ FALLBACKS = counter(
     "counts disagreed), skip_prefix_cache, unknown_model.",
     ["model_group", "why"],
 )
+SLO_UNMET = counter(
+    "routing_slo_unmet",
+    "TTFT-cost decisions of a group with a TTFT target (kv.ttft.slo_ttft_s) for which no replica was predicted "
+    "to meet it: the fleet is past what the target allows.",
+    ["model_group"],
+)
 DECISION_SECONDS = histogram(
     "routing_decision_seconds",
     "Time to decide one request (tokenize + hash + index lookup + cost), seconds.",
@@ -102,6 +108,7 @@ class RoutingResult:
     uncached_visual_tokens: int = 0  # TTFT model: the chosen replica's visual tokens of images it must encode
     raw_visual_s: float = 0.0  # their part of raw_ttft_s
     visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens (counted as load)
+    slo_met: bool | None = None  # with a TTFT target: whether any replica was predicted to meet it
 
 
 class KVRouter:
@@ -177,6 +184,8 @@ class KVRouter:
         if hashes:
             self.siblings.record(d.replica, hashes)
         DECISIONS.labels(self.group, d.reason).inc()
+        if d.slo_met is False:
+            SLO_UNMET.labels(self.group).inc()
         # What the engine will report as cached_tokens: only blocks the index knows (sibling
         # predictions are a routing hint, not a promise), capped by vLLM's maximum-hit rule.
         limit = max_hit_blocks(L, hasher.block_size)
@@ -186,6 +195,7 @@ class KVRouter:
             wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
             predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s, block_size=hasher.block_size,
             uncached_visual_tokens=d.visual_tokens, raw_visual_s=d.visual_s, visual_extra_tokens=d.visual_extra_tokens,
+            slo_met=d.slo_met,
         )
 
     @staticmethod

@@ -89,6 +89,14 @@ class TtftSettings:
         "later requests will follow them, and paced sessions when nothing is in flight between turns.",
         default=1.0,
     )
+    slo_ttft_s: float = doc(
+        "The time to first token this group's requests are to meet, seconds (0: none). Replicas predicted to "
+        "meet it are preferred: the lowest cost among them wins, so the cost's other terms (work_weight, "
+        "decode_weight, recent work) never send a request to a replica predicted to miss the target while "
+        "another is predicted to meet it. When none is, the lowest cost wins as without a target (counted in "
+        "litellm_kv_routing_slo_unmet_total).",
+        default=0.0,
+    )
     prior_requests: float = doc(
         "Weight of the defaults in the fit, in requests' worth of engine data: the learned rates take over "
         "once the engine has reported more than this many prefills.",
@@ -118,8 +126,8 @@ class TtftSettings:
         for name in ("prefill_s_per_token", "decode_step_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        for name in ("prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight", "output_tokens",
-                     "recent_weight", "prior_requests", "peer_prior_requests"):
+        for name in ("slo_ttft_s", "prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight",
+                     "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.chunk_tokens <= 0:

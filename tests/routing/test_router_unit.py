@@ -16,8 +16,9 @@ from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Route
 from litellm_kv.routing.cost import CostModel
 from litellm_kv.routing.group import KVGroup
 from litellm_kv.routing.load import TrackedLoad
-from litellm_kv.routing.router import FALLBACKS, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.router import FALLBACKS, SLO_UNMET, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
+from litellm_kv.routing.ttft import TtftSettings
 from litellm_kv.vllm.hashing import BlockHasher
 
 G = "g"
@@ -71,6 +72,18 @@ def test_unpredictable_requests_are_load_only_with_a_reason(
     assert res.reason == "fallback" and res.fallback_why == expected and not res.exact
     assert res.predicted_hit_tokens == 0
     assert FALLBACKS.labels(G, expected)._value.get() == before + 1
+
+
+def test_a_ttft_target_no_replica_can_meet_is_counted_and_shown() -> None:
+    index = InMemoryIndex()
+    _store(index, R[1], HASHER.wire_hashes(TOKENS)[:8])
+    before = SLO_UNMET.labels(G)._value.get()
+    for target, met in ((1.0, True), (1e-4, False)):
+        router = KVRouter(G, index, CostModel(seed=1, ttft=TtftSettings(slo_ttft_s=target)), SiblingIndex())
+        res = _decide(router, RoutingRequest(TOKENS))
+        assert (res.replica, res.slo_met) == (R[1], met)
+    assert SLO_UNMET.labels(G)._value.get() == before + 1
+    assert _decide(_router(index), RoutingRequest(TOKENS)).slo_met is None
 
 
 def test_index_failure_is_a_load_only_choice() -> None:
@@ -209,6 +222,10 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
     status = g.status()
     assert status["cost_model"] == "ttft" and status["rates"][R[0]]["calibrated"]
     assert status["rates"][R[0]]["correction"] == pytest.approx(2.0)
+    assert status["slo_ttft_s"] is None
+    target = KVGroup(G, KVRoutingSettings(ttft={"slo_ttft_s": 1.5}), InMemoryIndex(), None, True, "memory")
+    assert target.router.cost.ttft is not None and target.router.cost.ttft.slo_ttft_s == 1.5
+    assert target.status()["slo_ttft_s"] == 1.5
     blocks = KVGroup(G, KVRoutingSettings(cost_model="blocks"), InMemoryIndex(), None, True, "memory")
     assert blocks.router.cost.kind == "blocks" and blocks.status()["cost_model"] == "blocks"
 

@@ -259,6 +259,26 @@ def test_work_weight_keeps_siblings_together() -> None:
     assert _model(work_weight=0.5).choose(8400, BS, cands()).replica == "a"
 
 
+def test_a_ttft_target_keeps_requests_off_replicas_predicted_to_miss_it() -> None:
+    """The hit's queue (45K tokens ahead, ~1.84 s) is cheaper by the cost than the idle replica, whose recent work
+    charges it 2.4 s more; with a 1.5 s target only the idle replica is predicted to meet it."""
+    def cands() -> list[Candidate]:
+        return [Candidate("hit", ReplicaMatch(gpu=200), inflight_prefill_tokens=45_000),
+                Candidate("idle", recent_prefill_tokens=60_000)]
+    free = _model().choose(4000, BS, cands())
+    assert (free.replica, free.slo_met) == ("hit", None)
+    assert free.ttft_s["hit"] > 1.5 > free.ttft_s["idle"]
+    m = CostModel(CostSettings(), seed=0, ttft=TtftSettings(slo_ttft_s=1.5))
+    d = m.choose(4000, BS, cands())
+    assert (d.replica, d.slo_met) == ("idle", True)
+    # A target no replica is predicted to meet changes nothing but says so.
+    m = CostModel(CostSettings(), seed=0, ttft=TtftSettings(slo_ttft_s=0.1))
+    d = m.choose(4000, BS, cands())
+    assert (d.replica, d.slo_met) == ("hit", False)
+    with pytest.raises(ValueError):
+        TtftSettings(slo_ttft_s=-1).validate()
+
+
 def test_imbalance_guard_still_acts() -> None:
     cands = [Candidate("hot", ReplicaMatch(gpu=4000), inflight_prefill_tokens=100_000, inflight_decode=50,
                        rates=ReplicaRates(1e-7, 0.0, 1e-6)),
