@@ -90,7 +90,8 @@ def predicted_errors(comp: Comparison) -> list[float]:
     return errs
 
 
-def cell_summary(comp: Comparison) -> dict[str, Any]:
+def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
     out: dict[str, Any] = {"workload": comp.workload, "rate": comp.rate, "checks": comp.checks, "routings": {}}
     for g in ROUTINGS:
         runs = comp.runs[g]
@@ -99,6 +100,8 @@ def cell_summary(comp: Comparison) -> dict[str, Any]:
         pooled["per_run_ttft_p95_ms"] = [round(1000 * r.ttft(0.95), 1) for r in runs]
         pooled["per_run_cached_ratio"] = [round(r.cached_ratio, 3) for r in runs]
         pooled["by_kind"] = comp.pooled(g).by_cached_share()
+        if wl is not None:
+            pooled["per_run_placement"] = [field.placement(r, wl, names or {}) for r in runs]
         out["routings"][g] = pooled
     kv, sh, lb = (out["routings"][g] for g in (KV, SHUFFLE, LEAST_BUSY))
     if comp.workload == "unique":
@@ -135,6 +138,11 @@ def print_cell(s: dict[str, Any]) -> None:
         parts = [f"{k} n={v['n']:.0f} mean {v['ttft_mean_ms']:.0f}ms p95 {v['ttft_p95_ms']:.0f}ms"
                  for k, v in kinds.items()]
         print(f"  {LABELS[g]:<22} by cached share: {'; '.join(parts)}")
+    for g in ROUTINGS:
+        runs = s["routings"][g].get("per_run_placement")
+        if runs:
+            print(f"  {LABELS[g]:<22} prefix groups per replica (later requests sent elsewhere), per run: "
+                  + "; ".join(f"{p['groups']} ({p['away']})" for p in runs))
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
     if "prediction_error_ms" in s:
         print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")
@@ -214,7 +222,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
                 comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
                                      metric_prefixes=(ERROR_METRIC,))
-                s = cell_summary(comp)
+                s = cell_summary(comp, make(), bed.names)
                 s["load_fraction"] = f
                 cells.append(s)
                 print_cell(s)

@@ -120,3 +120,17 @@ def test_image_conversations_resend_their_image_and_wait_for_the_previous_turn()
             assert nxt.messages[0]["content"][0]["image_url"]["url"] == first
     assert len(images) == 3 and all(u.startswith("data:image/png;base64,") for u in images)
     assert image_chat_workload(conversations=3, turns=3, rate=5.0, seed=1) == wl  # deterministic
+
+
+def test_placement_counts_prefix_groups_per_replica_and_requests_sent_elsewhere() -> None:
+    wl = field.make("chat", 5.0, groups=3, users_per_group=2, turns=2, system_tokens=50, user_tokens=5,
+                    reply_tokens=5)
+    assert {field.prefix_group(r.session) for r in wl.requests} == {"g0", "g1", "g2"}
+    assert (field.prefix_group("task4"), field.prefix_group("img2")) == ("task4", "img2")
+    # g0 and g1 on a, g2 on b; one later request of g1 goes to b.
+    later_g1 = [r.rid for r in wl.requests if r.session.startswith("g1u")][1:]
+    outs = [field.Outcome(r.rid, 200, ttft_s=0.1, sent_s=r.at_s,
+                          deployment="b" if r.session.startswith("g2") or r.rid == later_g1[0] else "a")
+            for r in wl.requests]
+    got = field.placement(field.OpenLoopRun("chat", "x", outs, 1.0), wl, {"a": "r0", "b": "r1"})
+    assert got == {"groups": {"r0": 2, "r1": 1}, "away": 1}

@@ -29,6 +29,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import statistics
 import time
 from collections import Counter
@@ -367,3 +368,25 @@ def distinct_blocks(workload: Workload, chat_tokens: Any, hasher: Any) -> tuple[
         lengths.append(len(toks))
         seen.update(hasher.block_hashes(toks))
     return len(seen), round(statistics.fmean(lengths)), max(lengths)
+
+
+def prefix_group(session: str) -> str:
+    """The requests that share a prompt prefix: a chat group's users share its system prompt (``g3u1`` -> ``g3``);
+    a fan-out task, an image conversation and a unique prompt are their own."""
+    m = re.fullmatch(r"(g\d+)u\d+", session)
+    return m.group(1) if m else session
+
+
+def placement(run: OpenLoopRun, wl: Workload, names: dict[str, str]) -> dict[str, Any]:
+    """Where one run put each prefix group: the replica of its first request (groups per replica) and how many of
+    its later requests went elsewhere (``away``)."""
+    group = {r.rid: prefix_group(r.session) for r in wl.requests}
+    first: dict[str, str] = {}
+    away = 0
+    for o in sorted(run.ok, key=lambda o: o.sent_s):
+        g, rep = group.get(o.rid, "?"), names.get(o.deployment, o.deployment or "?")
+        if g not in first:
+            first[g] = rep
+        elif first[g] != rep:
+            away += 1
+    return {"groups": dict(sorted(Counter(first.values()).items())), "away": away}
