@@ -76,6 +76,18 @@ SIZES: dict[str, dict[str, Any]] = {
     "images": {"conversations": 12, "turns": 3, "user_tokens": 60, "reply_tokens": 30},
 }
 PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
+DECISIONS_METRIC = "litellm_kv_routing_decisions_total"
+
+
+def decision_reasons(delta: dict[str, float]) -> dict[str, int]:
+    """litellm-kv's decisions in one run by reason (cache, load, unique, imbalance, fallback), from the delta of
+    its decisions counter for the KV group."""
+    out: dict[str, int] = {}
+    for k, v in delta.items():
+        if k.startswith(DECISIONS_METRIC + "{") and f'model_group="{KV}"' in k:
+            reason = k.split('reason="', 1)[1].split('"', 1)[0] if 'reason="' in k else "?"
+            out[reason] = out.get(reason, 0) + round(v)
+    return dict(sorted(out.items()))
 def predicted_errors(comp: Comparison) -> list[float]:
     """|predicted - measured| TTFT in ms for litellm-kv's responses that carry a prediction."""
     errs = []
@@ -113,6 +125,7 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
         out["verdict"] = {"kind": "win",
                           "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
                           "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+    out["per_run_decisions"] = [decision_reasons(d) for d in comp.kv_deltas]
     errs = predicted_errors(comp)
     if errs:
         out["prediction_error_ms"] = {"n": len(errs), "median": round(statistics.median(errs), 1),
@@ -143,6 +156,8 @@ def print_cell(s: dict[str, Any]) -> None:
         if runs:
             print(f"  {LABELS[g]:<22} prefix groups per replica (later requests sent elsewhere), per run: "
                   + "; ".join(f"{p['groups']} ({p['away']})" for p in runs))
+    if s.get("per_run_decisions"):
+        print(f"  litellm-kv decisions by reason, per run: {s['per_run_decisions']}")
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
     if "prediction_error_ms" in s:
         print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")
@@ -221,7 +236,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     return field.make(n, r, **SIZES[n])
 
                 comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
-                                     metric_prefixes=(ERROR_METRIC,))
+                                     metric_prefixes=(ERROR_METRIC, DECISIONS_METRIC))
                 s = cell_summary(comp, make(), bed.names)
                 s["load_fraction"] = f
                 cells.append(s)
