@@ -54,7 +54,9 @@ def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, An
         "litellm_kv": {"mode": "embedded", "model_groups": {
             g: {"routing": "kv", "kv": {
                 "tokenizer_path": model_dir, "scrape_interval_s": 0.5, "discovery_interval_s": 1.0,
-                **({"shadow": True} if g == SHADOW else {}),
+                # A TTFT target no replica can meet: routing is what it would be without one (the shadow test
+                # holds), and every decision is counted as unmet (test_a_ttft_target_...).
+                **({"shadow": True, "ttft": {"slo_ttft_s": 1e-6}} if g == SHADOW else {}),
                 **({"tenant_isolation": "team"} if g == TENANT else {}),
                 **(extra_kv or {})}}
             for g in groups if g != DEFAULT
@@ -269,6 +271,27 @@ def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:
     print(f"\nshadow: LiteLLM used {sorted(deployments)}; {grew}")
     assert grew[f'litellm_kv_shadow_tokens_total{{kind="prompt",model_group="{SHADOW}"}}'] > 0
     assert grew[f'litellm_kv_shadow_tokens_total{{kind="would_have_cached",model_group="{SHADOW}"}}'] > 0
+
+
+def test_a_ttft_target_shows_on_health_route_and_metrics(proxy: Proxy) -> None:
+    """The shadow group's 1 us target comes from the YAML config through the real proxy: /health shows it,
+    /route says no replica was predicted to meet it, and each request's decision counts as unmet."""
+    groups = _health(proxy)["routing"]["groups"]
+    assert groups[SHADOW]["slo_ttft_s"] == pytest.approx(1e-6)
+    assert groups[KV]["slo_ttft_s"] is None
+    msgs = [{"role": "system", "content": "target trial " * 100}, {"role": "user", "content": "hi"}]
+    r = httpx.post(f"{proxy.url}/litellm-kv/route", json={"model": SHADOW, "messages": msgs}, headers=HEADERS,
+                   timeout=30)
+    r.raise_for_status()
+    assert r.json()["slo_met"] is False
+    r = httpx.post(f"{proxy.url}/litellm-kv/route", json={"model": KV, "messages": msgs}, headers=HEADERS, timeout=30)
+    r.raise_for_status()
+    assert r.json()["slo_met"] is None
+    key = f'litellm_kv_routing_slo_unmet_total{{model_group="{SHADOW}"}}'
+    before = _metric(proxy, "litellm_kv_routing_slo_unmet_total").get(key, 0)
+    for _ in range(3):
+        assert _chat(proxy, SHADOW, msgs).status_code == 200
+    assert _metric(proxy, "litellm_kv_routing_slo_unmet_total").get(key, 0) - before >= 3
 
 
 def test_tenant_cache_isolation(proxy: Proxy) -> None:
