@@ -107,7 +107,8 @@ class CostSettings:
         default=10.0,
     )
     imbalance_guard: bool = doc(
-        "Switch to the least-loaded replica when the chosen one is loaded beyond both spreads below.",
+        "Switch to the least-loaded replica when the chosen one is loaded beyond both spreads below (the block "
+        "cost; the TTFT cost only with kv.ttft.imbalance_guard as well).",
         default=True,
     )
     imbalance_abs_tokens: float = doc(
@@ -364,7 +365,7 @@ class CostModel:
             reason = "unique"
         else:
             reason = "cache" if hits.get(chosen, 0) == max(hits.values()) else "load"
-            if cfg.imbalance_guard:
+            if cfg.imbalance_guard and tc.imbalance_guard:
                 loads = {c.replica: replica_load(cfg, c) for c in candidates}
                 floor = min(loads.values())
                 if loads[chosen] - floor > cfg.imbalance_abs_tokens and loads[chosen] > cfg.imbalance_ratio * floor:

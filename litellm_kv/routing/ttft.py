@@ -97,6 +97,13 @@ class TtftSettings:
         "litellm_kv_routing_slo_unmet_total).",
         default=0.0,
     )
+    imbalance_guard: bool = doc(
+        "Apply kv.cost's imbalance guard (on token loads) on top of the TTFT cost as well. Off by default: the "
+        "TTFT cost prices every queue in seconds itself, and past the knee the guard's overrides of it sent hits "
+        "away and lowered goodput (docs/benchmarks.md). On, it is a backstop against rates that are far off; "
+        "kv.cost.imbalance_guard false turns it off in both models.",
+        default=False,
+    )
     prior_requests: float = doc(
         "Weight of the defaults in the fit, in requests' worth of engine data: the learned rates take over "
         "once the engine has reported more than this many prefills.",

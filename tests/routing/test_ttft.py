@@ -279,12 +279,17 @@ def test_a_ttft_target_keeps_requests_off_replicas_predicted_to_miss_it() -> Non
         TtftSettings(slo_ttft_s=-1).validate()
 
 
-def test_imbalance_guard_still_acts() -> None:
+def test_imbalance_guard_acts_only_when_the_ttft_cost_asks_for_it() -> None:
+    """Rates far off (1e-7 s per token on the hot replica) make a 100K-token queue look free: the TTFT cost alone
+    takes the hit there; with kv.ttft.imbalance_guard the token-load guard takes the cool replica."""
     cands = [Candidate("hot", ReplicaMatch(gpu=4000), inflight_prefill_tokens=100_000, inflight_decode=50,
                        rates=ReplicaRates(1e-7, 0.0, 1e-6)),
              Candidate("cool", inflight_prefill_tokens=1000)]
-    d = _model().choose(64_000, BS, cands)
+    assert _model().choose(64_000, BS, cands).replica == "hot"
+    d = CostModel(CostSettings(), seed=0, ttft=TtftSettings(imbalance_guard=True)).choose(64_000, BS, cands)
     assert d.replica == "cool" and d.reason == "imbalance"
+    off = CostModel(CostSettings(imbalance_guard=False), seed=0, ttft=TtftSettings(imbalance_guard=True))
+    assert off.choose(64_000, BS, cands).replica == "hot"
 
 
 def test_blocks_model_is_still_there() -> None:
