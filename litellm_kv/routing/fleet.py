@@ -108,6 +108,9 @@ class Fleet:
         self._unknown_logged: set[str] = set()
         # Receives each scrape's timing histograms (KVGroup's RateBook learns the TTFT model's rates from them).
         self.on_timings: Callable[[str, EngineTimings], None] | None = None
+        # Told when a replica's cache was purged (AllBlocksCleared, a restart, lost events): KVGroup's sibling
+        # predictions there are void.
+        self.on_purge: Callable[[str], None] | None = None
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -180,7 +183,12 @@ class Fleet:
             hasher_factory=self.hasher_for_checks,
             sample_every=self.options.exactness_sample_every,
             on_not_exact=functools.partial(self._mark_not_exact, st),
+            on_purge=functools.partial(self._purged, st.replica),
         )
+
+    def _purged(self, replica: str) -> None:
+        if self.on_purge is not None:
+            self.on_purge(replica)
 
     def _mark_not_exact(self, st: ReplicaState, why: str) -> None:
         if not st.not_exact:

@@ -135,6 +135,7 @@ class KVGroup:
         model = CostModel(cost_cfg, ttft=ttft_cfg if options.cost_model == "ttft" else None)
         self.router = KVRouter(name, index, model, SiblingIndex(sib.ttl_s, sib.max_entries), backend=backend,
                                rates=self.rates)
+        self.fleet.on_purge = self.router.siblings.forget
         self.load: LoadTracker
         if embedded:
             self.load = InMemoryLoadTracker(load_cfg)

@@ -45,6 +45,8 @@ class SiblingIndex:
         self._prev: dict[int, dict[str, float]] = {}
         self._retiring: list[dict[int, dict[str, float]]] = []
         self._rotated = clock()
+        # replica -> expiry below which its entries predate a purge of its cache (recorded then, so void).
+        self._void_before: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._cur) + len(self._prev)
@@ -73,6 +75,11 @@ class SiblingIndex:
         if self._retiring:
             free_some(self._retiring, len(block_hashes) + 64)
 
+    def forget(self, replica: str) -> None:
+        """The replica's cache was emptied (``AllBlocksCleared``, an engine restart, a purge): what was routed there
+        before is no longer predicted there. O(1): its older entries are ignored until they expire."""
+        self._void_before[replica] = self._clock() + self.ttl_s
+
     def _holders(self, h: int) -> dict[str, float] | None:
         a = self._cur.get(h)
         b = self._prev.get(h)
@@ -93,17 +100,20 @@ class SiblingIndex:
             return {}
         out: dict[str, int] = {}
         cur, prev = self._cur, self._prev
+        void = self._void_before
         for replica, until in first.items():
-            if until <= now:
+            # An entry counts while it has not expired and was recorded after the replica's last purge.
+            floor = max(now, void.get(replica, 0.0))
+            if until <= floor:
                 continue
             n = 0
             for h in block_hashes:
                 a = cur.get(h)
                 t = a.get(replica, 0.0) if a is not None else 0.0
-                if t <= now:
+                if t <= floor:
                     b = prev.get(h)
                     t = b.get(replica, 0.0) if b is not None else 0.0
-                    if t <= now:
+                    if t <= floor:
                         break
                 n += 1
             out[replica] = n

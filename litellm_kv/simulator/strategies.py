@@ -296,10 +296,14 @@ class _EventDriven(BaseStrategy):
         for ev in batch.events:
             if isinstance(ev, AllBlocksCleared):
                 await self.index.purge_replica(GROUP, replica)
+                self.purged(replica)
                 continue
             ops = to_block_ops(ev)
             if ops:
                 self.events_applied += await self.index.apply(GROUP, replica, ops)
+
+    def purged(self, replica: str) -> None:
+        """The replica's cache was cleared (after its index entries were dropped)."""
 
     async def matches(self, req: SimRequest) -> dict[str, Any]:
         return await self.index.lookup(GROUP, req.blocks, self.replicas)
@@ -413,6 +417,9 @@ class LitellmKV(_EventDriven):
         await self.load.begin(GROUP, d.replica, str(req.rid), req.prompt_tokens - d.predicted_hit_tokens)
         self.sent(req, idx, req.prompt_tokens - d.predicted_hit_tokens)
         return idx, d.predicted_hit_tokens
+
+    def purged(self, replica: str) -> None:
+        self.siblings.forget(replica)
 
     async def on_first_token(self, req: SimRequest, idx: int) -> None:
         await super().on_first_token(req, idx)

@@ -121,6 +121,7 @@ class KVEventSubscriber:
         topic: the engine's topic ('' = everything).
         bind: bind ``endpoint`` instead of connecting.
         on_block_stored: sampling hook (e.g. :class:`ExactnessChecker.observe`).
+        on_purge: called after each purge of the replica (its cache is gone: sibling predictions there are void).
         group_idx: apply only this KV-cache group's events (hybrid models); None = all.
         detect_reannounce: see the module docstring.
         replay_timeout_s: how long to wait for each replay frame.
@@ -137,6 +138,7 @@ class KVEventSubscriber:
         topic: str = "",
         bind: bool = False,
         on_block_stored: Callable[[BlockStored], None] | None = None,
+        on_purge: Callable[[], None] | None = None,
         group_idx: int | None = None,
         detect_reannounce: bool = True,
         replay_timeout_s: float = 5.0,
@@ -151,6 +153,7 @@ class KVEventSubscriber:
         self.topic = topic
         self.bind = bind
         self.on_block_stored = on_block_stored
+        self.on_purge = on_purge
         self.group_idx = group_idx
         self.detect_reannounce = detect_reannounce
         self.replay_timeout_s = replay_timeout_s
@@ -363,6 +366,8 @@ class KVEventSubscriber:
         self._stats.purges += 1
         self._m["purges"].inc()
         log.info("litellm-kv: %s/%s purged (%d entries): %s", self.group, self.replica, dropped, why)
+        if self.on_purge is not None:
+            self.on_purge()
 
     async def _apply(self, seq: int, batch: EventBatch | None) -> None:
         self._next = seq + 1
@@ -468,6 +473,7 @@ async def start_replica_subscribers(
     sample_every: int = 10,
     on_not_exact: Callable[[str], None] | None = None,
     replay_timeout_s: float = 5.0,
+    on_purge: Callable[[], None] | None = None,
 ) -> ReplicaSubscribers:
     """Start the subscribers of one replica. With ``endpoint`` None the publishers are
     discovered from the engine's ``GET /kv_event_sources`` (one per DP rank).
@@ -500,7 +506,7 @@ async def start_replica_subscribers(
         sub = KVEventSubscriber(
             group=group, replica=rank_replica_id(replica, rank), index=index, endpoint=ep,
             replay_endpoint=rep, topic=tp, bind=bind,
-            on_block_stored=checker.observe if checker is not None else None,
+            on_block_stored=checker.observe if checker is not None else None, on_purge=on_purge,
             replay_timeout_s=replay_timeout_s,
         )
         sub.start()

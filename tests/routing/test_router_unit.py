@@ -202,6 +202,11 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
 
     g = run()
     assert g.router.cost.kind == "ttft"
+    # A purge of a replica's cache (the subscriber's on_purge) voids the sibling predictions there.
+    g.router.siblings.record(R[0], [1, 2])
+    g.router.siblings.record(R[1], [1])
+    g.fleet._purged(R[0])
+    assert g.router.siblings.lookup([1, 2]) == {R[1]: 1}
     assert g.fleet.on_timings is not None
     g.fleet.on_timings(R[0], EngineTimings())
     g.fleet.on_timings(R[0], EngineTimings(prefill_s_sum=0.005 * 50 + 2e-5 * 50_000, prefill_count=50,

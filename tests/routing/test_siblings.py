@@ -30,6 +30,21 @@ def test_lookup_counts_leading_blocks_and_expires() -> None:
     assert s.lookup([1, 2, 3]) == {}
 
 
+def test_a_purged_replica_loses_its_predictions_until_routed_to_again() -> None:
+    clock = Clock()
+    s = SiblingIndex(ttl_s=5.0, clock=clock)
+    s.record("a", [1, 2, 3])
+    s.record("b", [1, 2])
+    clock.t += 1.0
+    s.forget("a")  # its cache was cleared: the blocks routed there are gone
+    assert s.lookup([1, 2, 3]) == {"b": 2}
+    clock.t += 1.0
+    s.record("a", [1, 2])  # routed there again after the purge
+    assert s.lookup([1, 2, 3]) == {"a": 2, "b": 2}
+    clock.t += 4.5  # b's records expire; a's new ones still hold
+    assert s.lookup([1, 2, 3]) == {"a": 2}
+
+
 def test_dropped_generation_is_freed_a_slice_per_record() -> None:
     """A generation dropped by rotation is not freed in one go (6 ms at 100K blocks, inside a
     decision) but a slice per record, at least as fast as blocks are recorded."""

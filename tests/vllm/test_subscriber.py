@@ -230,10 +230,12 @@ async def test_seq_going_back_is_a_restart(setup: tuple[FakePublisher, KVEventSu
 
 async def test_all_blocks_cleared_purges(setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex]) -> None:
     pub, sub, index = setup
+    told: list[int] = []
+    sub.on_purge = lambda: told.append(sub.stats.purges)  # called after the purge is counted
     await pub.publish(batch(stored([1, 2])))
     await pub.publish(batch({"type": "AllBlocksCleared"}, stored([8])))
     await until(lambda: sub.stats.last_seq == 1)
-    assert sub.stats.purges == 1
+    assert sub.stats.purges == 1 and told == [1]
     assert await index.lookup(G, [1]) == {} and await index.lookup(G, [8]) == {R: ReplicaMatch(gpu=1)}
 
 
