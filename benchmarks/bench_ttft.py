@@ -62,6 +62,7 @@ from tools.harness.testbed import (
     abc_cba,
     fleet_speed,
     histogram_abs_error,
+    label_counts,
     start_testbed,
 )
 
@@ -82,12 +83,9 @@ DECISIONS_METRIC = "litellm_kv_routing_decisions_total"
 def decision_reasons(delta: dict[str, float]) -> dict[str, int]:
     """litellm-kv's decisions in one run by reason (cache, load, unique, imbalance, fallback), from the delta of
     its decisions counter for the KV group."""
-    out: dict[str, int] = {}
-    for k, v in delta.items():
-        if k.startswith(DECISIONS_METRIC + "{") and f'model_group="{KV}"' in k:
-            reason = k.split('reason="', 1)[1].split('"', 1)[0] if 'reason="' in k else "?"
-            out[reason] = out.get(reason, 0) + round(v)
-    return dict(sorted(out.items()))
+    return dict(sorted(label_counts(delta, DECISIONS_METRIC + "{", "reason", f'model_group="{KV}"').items()))
+
+
 def predicted_errors(comp: Comparison) -> list[float]:
     """|predicted - measured| TTFT in ms for litellm-kv's responses that carry a prediction."""
     errs = []

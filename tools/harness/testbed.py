@@ -135,14 +135,20 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
 
-def prediction_checks(d: dict[str, float]) -> dict[str, int]:
-    """``{outcome: count}`` from a delta of ``litellm_kv_prediction_checks_total``."""
+def label_counts(d: dict[str, float], metric: str, label: str, where: str = "") -> dict[str, int]:
+    """``{value of label: count}`` from a delta of counter ``metric``, over the series whose line contains
+    ``where`` (e.g. ``model_group="g"``)."""
     out: dict[str, int] = {}
     for k, v in d.items():
-        m = re.search(r'outcome="([a-z_]+)"', k)
-        if k.startswith("litellm_kv_prediction_checks_total") and m:
+        m = re.search(rf'{label}="([a-z_]+)"', k)
+        if k.startswith(metric) and where in k and m:
             out[m.group(1)] = out.get(m.group(1), 0) + int(v)
     return out
+
+
+def prediction_checks(d: dict[str, float]) -> dict[str, int]:
+    """``{outcome: count}`` from a delta of ``litellm_kv_prediction_checks_total``."""
+    return label_counts(d, "litellm_kv_prediction_checks_total", "outcome")
 
 
 @dataclass
