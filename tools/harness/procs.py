@@ -19,9 +19,7 @@ ARTIFACTS = ROOT / ".artifacts"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
