@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import gauge
+from litellm_kv.routing.gauges import GaugeAging
 from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.ttft import EngineTimings
 from litellm_kv.tasks import spawn_held
@@ -106,6 +107,8 @@ class Fleet:
         self._models_read = 0.0  # last /v1/models re-read for a model name no replica listed
         self._refreshes: set[asyncio.Task[None]] = set()
         self._unknown_logged: set[str] = set()
+        # The scraped waiting/running counts less this process's requests that have left them since the scrape.
+        self.aging = GaugeAging()
         # Receives each scrape's timing histograms (KVGroup's RateBook learns the TTFT model's rates from them).
         self.on_timings: Callable[[str, EngineTimings], None] | None = None
         # Told when a replica's cache was purged (AllBlocksCleared, a restart, lost events): KVGroup's sibling
@@ -136,6 +139,7 @@ class Fleet:
 
     async def _remove(self, rid: str) -> None:
         st = self.replicas.pop(rid)
+        self.aging.forget(rid)
         if st.subscriber is not None:
             await st.subscriber.stop()
         await st.client.aclose()
@@ -198,12 +202,14 @@ class Fleet:
 
     # -- engine facts and load -------------------------------------------------------------------
     async def _scrape(self, st: ReplicaState) -> None:
+        token = self.aging.scrape_started(st.replica)
         m = await st.client.metrics()
         st.block_size = m.block_size
         st.hash_algo = m.hash_algo
         st.prefix_caching = m.prefix_caching
         st.waiting = m.waiting
         st.running = m.running
+        self.aging.scraped(st.replica, token)
         st.kv_usage = m.kv_usage
         st.last_scrape = time.time()
         st.reachable = True

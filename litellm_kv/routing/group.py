@@ -357,7 +357,7 @@ class KVGroup:
         # on one hot prefix to one replica).
         wanted = set(candidates)
         gauges = {
-            r: EngineGauges(st.waiting, st.running, st.kv_usage)
+            r: EngineGauges(*self._gauges(r, st.waiting, st.running), st.kv_usage)
             for r, st in self.fleet.replicas.items() if r in wanted
         }
         rider = self.load.snapshot_rider(self.name, candidates) if isinstance(self.load, RedisLoadTracker) else None
@@ -452,6 +452,9 @@ class KVGroup:
                 "images": self.image_routing_off or ("routed by cache when the group has a vision section of a "
                                                      "Qwen-VL family and a verified local tokenizer")}
 
+    def _gauges(self, replica: str, waiting: int | None, running: int | None) -> tuple[int | None, int | None]:
+        return self.fleet.aging.adjust(replica, waiting, running) if self.options.scrape_aging else (waiting, running)
+
     # -- router-tracked load -----------------------------------------------------------------------
     async def read_load(self, candidates: Sequence[str]) -> Mapping[str, TrackedLoad]:
         """Router-tracked load; when the shared store (Redis) is down, this proxy's own counts (the
@@ -473,12 +476,15 @@ class KVGroup:
         # Images the replica must encode count as the prefill tokens their time is worth, so the requests queued
         # behind them see it.
         prefill += round(result.visual_extra_tokens)
+        self.fleet.aging.begin(request_id, result.replica)
         await self._guarded(self.load.begin(self.name, result.replica, request_id, prefill))
 
     async def first_token(self, request_id: str) -> None:
+        self.fleet.aging.first_token(request_id)
         await self._guarded(self.load.first_token(request_id))
 
     async def end(self, request_id: str) -> None:
+        self.fleet.aging.end(request_id)
         await self._guarded(self.load.end(request_id))
 
     async def _guarded(self, op: Awaitable[None]) -> None:

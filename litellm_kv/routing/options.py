@@ -80,6 +80,12 @@ class KVRoutingSettings:
         "How often each replica's /metrics is scraped for load gauges (waiting, running, KV usage).",
         default=1.0,
     )
+    scrape_aging: bool = doc(
+        "Take this proxy's own requests that have left a replica's queue (or ended) since its last scrape off "
+        "the scraped waiting (running) count, so a scrape taken while they were queued does not count them "
+        "until the next one (docs/routing.md). false: the scraped counts as they are.",
+        default=True,
+    )
     discovery_interval_s: float = doc(
         "How often replicas that are not ready (unreachable, no event source) are retried.", default=5.0
     )

@@ -46,6 +46,9 @@ class Strategy(Protocol):
     async def on_kv_events(self, replica: str, payload: bytes) -> None:
         """One vLLM ``KVEventBatch`` msgpack payload of ``replica``."""
 
+    def on_scrape(self) -> None:
+        """Every replica's gauges were just scraped (the ``Gauges`` given to :meth:`route` changed)."""
+
     async def on_first_token(self, req: SimRequest, idx: int) -> None: ...
 
     async def on_finish(self, req: SimRequest, idx: int) -> None: ...

@@ -126,6 +126,7 @@ class Simulation:
             g.prefill_s_sum, g.prefill_count = t.prefill_s_sum, t.prefill_count
             g.prefill_tokens_sum = t.prefill_tokens_sum
             g.itl_s_sum, g.itl_count, g.output_tokens_sum = t.itl_s_sum, t.itl_count, t.output_tokens_sum
+        self.strategy.on_scrape()
 
     async def _arrive(self, req: SimRequest) -> None:
         view = [r.gauges for r in self.replicas]

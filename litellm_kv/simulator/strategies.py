@@ -21,6 +21,7 @@ from typing import Any
 
 from litellm_kv.index.base import KVIndex
 from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
+from litellm_kv.routing.gauges import GaugeAging
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
@@ -72,6 +73,9 @@ class BaseStrategy:
         self._pending[req.rid] = prefill
 
     async def on_kv_events(self, replica: str, payload: bytes) -> None:
+        return None
+
+    def on_scrape(self) -> None:
         return None
 
     async def on_first_token(self, req: SimRequest, idx: int) -> None:
@@ -366,7 +370,7 @@ class LitellmKV(_EventDriven):
 
     def __init__(self, seed: int = 0, index: KVIndex | None = None, cost: CostSettings | None = None,
                  sibling_ttl_s: float = 5.0, ttft: TtftSettings | None = None,
-                 load: LoadSettings | None = None) -> None:
+                 load: LoadSettings | None = None, scrape_aging: bool = True) -> None:
         super().__init__(seed, index)
         tc = (ttft or TtftSettings()) if self.cost_model == "ttft" else None
         self.model = CostModel(cost or CostSettings(), seed=seed, ttft=tc)
@@ -375,6 +379,7 @@ class LitellmKV(_EventDriven):
         self.siblings = SiblingIndex(ttl_s=sibling_ttl_s)
         self.load_settings = load
         self.load = InMemoryLoadTracker(load)
+        self.aging = GaugeAging() if scrape_aging else None
         self.reasons: dict[str, int] = {}
         self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
         self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
@@ -401,10 +406,11 @@ class LitellmKV(_EventDriven):
                                                            g.itl_s_sum, g.itl_count, g.output_tokens_sum,
                                                            g.prefill_count))
                 kw["rates"] = self.rates.rates(r)
+            waiting, running = self.aging.adjust(r, g.waiting, g.running) if self.aging else (g.waiting, g.running)
             cands.append(Candidate(
                 r, inflight_prefill_tokens=ld.prefill_tokens, inflight_prefill_requests=ld.prefill_requests,
                 inflight_decode=ld.decode,
-                engine_waiting=g.waiting, engine_running=g.running, kv_usage=g.kv_usage,
+                engine_waiting=waiting, engine_running=running, kv_usage=g.kv_usage,
                 sibling_blocks=sib.get(r, 0), recent_prefill_tokens=ld.recent_tokens, **kw,
             ))
         d = self.model.choose(req.prompt_tokens, self.block_size, cands)
@@ -415,8 +421,15 @@ class LitellmKV(_EventDriven):
         if ttft_on:
             self._predicted[req.rid] = d.raw_ttft_s
         await self.load.begin(GROUP, d.replica, str(req.rid), req.prompt_tokens - d.predicted_hit_tokens)
+        if self.aging:
+            self.aging.begin(str(req.rid), d.replica)
         self.sent(req, idx, req.prompt_tokens - d.predicted_hit_tokens)
         return idx, d.predicted_hit_tokens
+
+    def on_scrape(self) -> None:
+        if self.aging:
+            for r in self.replicas:
+                self.aging.scraped(r, self.aging.scrape_started(r))
 
     def purged(self, replica: str) -> None:
         self.siblings.forget(replica)
@@ -424,6 +437,8 @@ class LitellmKV(_EventDriven):
     async def on_first_token(self, req: SimRequest, idx: int) -> None:
         await super().on_first_token(req, idx)
         await self.load.first_token(str(req.rid))
+        if self.aging:
+            self.aging.first_token(str(req.rid))
         raw = self._predicted.pop(req.rid, None)
         if raw is not None:
             r = self.replicas[idx]
@@ -434,6 +449,8 @@ class LitellmKV(_EventDriven):
     async def on_finish(self, req: SimRequest, idx: int) -> None:
         await super().on_finish(req, idx)
         await self.load.end(str(req.rid))
+        if self.aging:
+            self.aging.end(str(req.rid))
 
 
 class LitellmKVBlocks(LitellmKV):
