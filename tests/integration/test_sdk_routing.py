@@ -6,8 +6,10 @@ replica that holds their conversation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,21 @@ async def _until_indexed(kv: Any, messages: list[dict[str, Any]], timeout_s: flo
         await asyncio.sleep(0.05)
 
 
+def _why(kv: Any, what: str) -> str:
+    """What the decision saw, in full (pytest shortens a tuple's repr): its predicted TTFTs, the engine gauges
+    as scraped and as aged, this process's load, the learned rates."""
+    g = kv.handler.groups[GROUP]
+    replicas = list(g.fleet.replicas)
+    seen = {
+        "predicted_ttft_s": g.router.last_ttft,
+        "gauges": {r: {"scraped": (st.waiting, st.running), "aged": g.fleet.aging.adjust(r, st.waiting, st.running)}
+                   for r, st in g.fleet.replicas.items()},
+        "load": {r: asdict(ld) for r, ld in g.load.local_snapshot(GROUP, replicas).items()},
+        "rates": kv.health()["groups"][GROUP].get("rates"),
+    }
+    return f"{what}; {json.dumps(seen, default=str)}"
+
+
 async def test_an_applications_router_follows_the_cache(engines: list[EngineReplica], engine_model: Path) -> None:
     model_list = [{"model_name": GROUP, "litellm_params": {"model": "hosted_vllm/tiny", "api_base": r.api_base,
                                                            "api_key": "none"}} for r in engines]
@@ -79,7 +96,7 @@ async def test_an_applications_router_follows_the_cache(engines: list[EngineRepl
                     homes[c] = base
                 else:
                     # The follow-up goes where its conversation's blocks are, and finds them there.
-                    assert base == homes[c], (turn, c, base, homes, kv.health()["groups"][GROUP])
+                    assert base == homes[c], _why(kv, f"turn {turn}: conversation {c} went to {base}, not {homes[c]}")
                     assert cached > 0, (turn, c)
                 messages += [{"role": "assistant", "content": resp.choices[0].message.content or ""},
                              {"role": "user", "content": f"and then {turn}?"}]
