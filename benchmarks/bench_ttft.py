@@ -21,9 +21,9 @@ prediction checks, TTFT split by the engine's cached share (``hit``: at least ha
 less), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
 baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
-absolute error of the prediction against the TTFT measured: from a per-response header
-(``x-litellm-kv-predicted-ttft-ms``) when there is one, else from litellm-kv's signed error histogram
-(``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under).
+absolute error of the prediction against the TTFT measured, from litellm-kv's signed error histogram
+(``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under; the proxy sends no
+per-response prediction).
 
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
         [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import math
 import os
 import signal
 import statistics
@@ -76,7 +75,6 @@ SIZES: dict[str, dict[str, Any]] = {
     # conversation, most of them the image's.
     "images": {"conversations": 12, "turns": 3, "user_tokens": 60, "reply_tokens": 30},
 }
-PREDICTED_HEADER = "x-litellm-kv-predicted-ttft-ms"
 DECISIONS_METRIC = "litellm_kv_routing_decisions_total"
 
 
@@ -84,20 +82,6 @@ def decision_reasons(delta: dict[str, float]) -> dict[str, int]:
     """litellm-kv's decisions in one run by reason (cache, load, unique, imbalance, fallback), from the delta of
     its decisions counter for the KV group."""
     return dict(sorted(label_counts(delta, DECISIONS_METRIC + "{", "reason", f'model_group="{KV}"').items()))
-
-
-def predicted_errors(comp: Comparison) -> list[float]:
-    """|predicted - measured| TTFT in ms for litellm-kv's responses that carry a prediction."""
-    errs = []
-    for run in comp.runs[KV]:
-        for o in run.ok:
-            v = o.headers.get(PREDICTED_HEADER)
-            if v is not None and not math.isnan(o.ttft_s):
-                try:
-                    errs.append(abs(float(v) - 1000 * o.ttft_s))
-                except ValueError:
-                    continue
-    return errs
 
 
 def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict[str, str] | None = None
@@ -124,10 +108,6 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
                           "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
                           "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
     out["per_run_decisions"] = [decision_reasons(d) for d in comp.kv_deltas]
-    errs = predicted_errors(comp)
-    if errs:
-        out["prediction_error_ms"] = {"n": len(errs), "median": round(statistics.median(errs), 1),
-                                      "p90": round(field.quantile(errs, 0.9), 1)}
     hist = histogram_abs_error(comp.kv_deltas)
     if hist:
         out["prediction_error_hist"] = hist
@@ -157,8 +137,6 @@ def print_cell(s: dict[str, Any]) -> None:
     if s.get("per_run_decisions"):
         print(f"  litellm-kv decisions by reason, per run: {s['per_run_decisions']}")
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
-    if "prediction_error_ms" in s:
-        print(f"predicted vs measured TTFT, |error| ms: {s['prediction_error_ms']}")
     if "prediction_error_hist" in s:
         print(f"predicted vs measured TTFT (litellm-kv's error histogram, bucket bounds): {s['prediction_error_hist']}")
 
@@ -179,10 +157,7 @@ def markdown(results: dict[str, Any]) -> str:
                 verdict = (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, "
                            f"spread {v['least_busy_spread_ms']:.0f})" if v["kind"] == "control" else
                            f"mean below both: {v['mean_below_both']}; p95 below both: {v['p95_below_both']}")
-                if "prediction_error_ms" in s:
-                    e = s["prediction_error_ms"]
-                    verdict += f"; predicted TTFT |error| median {e['median']:.0f} ms, p90 {e['p90']:.0f} ms"
-                elif "prediction_error_hist" in s:
+                if "prediction_error_hist" in s:
                     h = s["prediction_error_hist"]
                     verdict += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
                                 f"p90 <= {1000 * h['p90_le_s']:.0f} ms (n={h['n']})")
