@@ -258,3 +258,34 @@ def test_image_requests_fall_back_with_a_named_reason() -> None:
     assert first.fallback_why == "multimodal" and first.replica in R
     assert after.fallback_why == "multimodal_mismatch"
     assert "70 vs 64" in str(status["images"])
+
+
+def test_the_group_ages_the_scraped_queue_by_its_own_requests() -> None:
+    """KVGroup's begin/end and the fleet's scrape feed the fleet's GaugeAging: a request the scrape caught queued
+    is off the waiting count once it ended, unless kv.scrape_aging is false."""
+    from litellm_kv.routing.fleet import ReplicaState
+    from litellm_kv.routing.options import KVRoutingSettings
+    from litellm_kv.vllm.engine import EngineClient, EngineMetrics
+
+    async def run(aging: bool) -> list[tuple[int | None, int | None]]:
+        g = KVGroup(G, KVRoutingSettings(scrape_aging=aging), InMemoryIndex(), None, True, "memory")
+        client = EngineClient("http://127.0.0.1:9")
+
+        async def metrics() -> EngineMetrics:
+            return EngineMetrics(waiting=1, running=0, block_size=16, hash_algo="sha256")
+
+        client.metrics = metrics  # type: ignore[method-assign]
+        st = g.fleet.replicas[R[0]] = ReplicaState(R[0], "d0", R[0], client)
+        result = RoutingResult(replica=R[0], reason="cache", predicted_hit_tokens=0, prompt_tokens=100)
+        await g.begin(result, "r1")
+        await g.fleet._scrape(st)  # the engine counts r1 as waiting
+        seen = [g._gauges(R[0], st.waiting, st.running)]
+        await g.end("r1")  # a non-streaming response: it left the queue
+        seen.append(g._gauges(R[0], st.waiting, st.running))
+        await g.fleet._scrape(st)  # a newer scrape's figures stand as they are
+        seen.append(g._gauges(R[0], st.waiting, st.running))
+        await client.aclose()
+        return seen
+
+    assert asyncio.run(run(True)) == [(1, 0), (0, 0), (1, 0)]
+    assert asyncio.run(run(False)) == [(1, 0), (1, 0), (1, 0)]
