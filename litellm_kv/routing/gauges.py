@@ -6,12 +6,20 @@ from other routers, so the cost uses the larger of the two — and a scrape take
 requests were queued keeps counting them after they have left: one stale "waiting" on an idle replica is
 priced as a full queued request and can send a conversation away from its cache.
 
-:class:`GaugeAging` removes those: a request of this process that began before a scrape started was in that
-scrape's counts; once it leaves the queue (first token) it is taken off ``waiting``, and once it ends after
-having had its first token before the scrape, off ``running``. Requests that began after the scrape started
-are never taken off (they were not in it). A non-streaming request's first token is only known at its end,
-so it is taken off ``waiting`` even if the engine counted it as running: that may undercount other routers'
-queued requests until the next scrape, never this process's own (the router's in-flight counts stand).
+:class:`GaugeAging` removes those. A request of this process that began before a scrape started was in that
+scrape's ``waiting`` or ``running`` count (vLLM counts a request being prefilled as running). Since then:
+
+* one that had its first token before the scrape and has ended was running: it comes off ``running``;
+* one that has had its first token since, and still runs, cannot be waiting any more: it comes off ``waiting``
+  (and, if it was counted there, is now running: added to ``running``), up to the scraped ``waiting``;
+* one that has ended without a first token before the scrape (its first token since, or a non-streaming
+  response, whose first token is only known with its end) comes off ``waiting`` first, then off ``running``.
+
+Requests that began after the scrape started are never taken off (they were not in it), nor are those that left
+while it was under way (they may or may not be in it). The counts never go below zero. The split between
+``waiting`` and ``running`` is a guess where the router cannot know it; the error is bounded by this process's
+requests that left within one scrape interval and affects only other routers' requests (the router's own
+in-flight counts stand beside the aged figures).
 
 Memory: one small record per request in flight and per replica.
 """
@@ -25,8 +33,10 @@ from dataclasses import dataclass
 class _Replica:
     epoch: int = 0  # scrapes started
     gauges_epoch: int = -1  # ``epoch`` when the scrape whose gauges are in use started (-1: none yet)
-    left_waiting: int = 0  # requests in that scrape's waiting count that have left the queue since
-    left_running: int = 0  # requests in that scrape's running count that have ended since
+    # Of the requests in that scrape's counts:
+    moved: int = 0  # first token since, still running
+    gone: int = 0  # ended, with no first token before the scrape (waiting or running then)
+    gone_running: int = 0  # ended, with their first token before the scrape (running then)
 
 
 @dataclass(slots=True)
@@ -34,10 +44,11 @@ class _Request:
     replica: str
     began: int  # the replica's ``epoch`` when the request began
     first: int | None = None  # ... when its first token came (None: not yet)
+    moved_in: int | None = None  # ``gauges_epoch`` of the scrape whose ``moved`` counts it
 
 
 class GaugeAging:
-    """Per replica, how many of the last scrape's waiting and running requests were this process's and have
+    """Per replica, which of the last scrape's waiting and running requests were this process's and have
     left since."""
 
     def __init__(self) -> None:
@@ -62,7 +73,7 @@ class GaugeAging:
         under way may or may not be in its counts: they are left in (an overcount until the next scrape)."""
         rep = self._rep(replica)
         rep.gauges_epoch = token
-        rep.left_waiting = rep.left_running = 0
+        rep.moved = rep.gone = rep.gone_running = 0
 
     def forget(self, replica: str) -> None:
         self._replicas.pop(replica, None)
@@ -80,33 +91,38 @@ class GaugeAging:
             return
         req.first = rep.epoch
         if req.began < rep.gauges_epoch:
-            rep.left_waiting += 1
+            rep.moved += 1
+            req.moved_in = rep.gauges_epoch
 
     def end(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)
         if req is None:
             return
         rep = self._replicas.get(req.replica)
-        if rep is None:
+        if rep is None or req.began >= rep.gauges_epoch:
             return
-        if req.first is None:
-            # Ended without a first token seen (a non-streaming response, an error): it has left the queue.
-            if req.began < rep.gauges_epoch:
-                rep.left_waiting += 1
-        elif req.first < rep.gauges_epoch:
-            rep.left_running += 1
+        if req.moved_in == rep.gauges_epoch:
+            rep.moved -= 1
+            rep.gone += 1
+        elif req.first is not None and req.first < rep.gauges_epoch:
+            rep.gone_running += 1
+        else:
+            rep.gone += 1
 
     # -- reading ---------------------------------------------------------------------------------------
     def adjust(self, replica: str, waiting: int | None, running: int | None) -> tuple[int | None, int | None]:
         """The scraped ``waiting`` and ``running`` of ``replica`` less this process's requests that have left
-        them since (never below zero; None stays None)."""
+        them since (module docstring; never below zero; None stays None)."""
         rep = self._replicas.get(replica)
         if rep is None:
             return waiting, running
+        moved = gone_waiting = 0
         if waiting is not None:
-            waiting = max(0, waiting - rep.left_waiting)
+            moved = min(waiting, rep.moved)
+            gone_waiting = min(waiting - moved, rep.gone)
+            waiting -= moved + gone_waiting
         if running is not None:
-            running = max(0, running - rep.left_running)
+            running = max(0, running + moved - (rep.gone - gone_waiting) - rep.gone_running)
         return waiting, running
 
     def in_flight(self) -> int:
