@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from litellm_kv.config import doc
 
@@ -228,7 +228,10 @@ class RateBook:
         lr = self._by.get(replica)
         own = lr.rates if lr is not None else self._default
         if not own.calibrated:
-            return self._peers or own
+            # Without prefill data, not its own decode step or output length either: a few noisy steps seen
+            # first (a loaded machine) would set it apart from identical replicas still on the defaults.
+            return self._peers or replace(own, decode_step_s=self._default.decode_step_s,
+                                          output_tokens=self._default.output_tokens)
         pooled = self._pooled.get(replica)
         if pooled is None:
             pooled = self._pooled[replica] = self._shrunk(own)

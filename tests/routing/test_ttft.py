@@ -78,6 +78,13 @@ def test_decode_step_and_output_length_follow_the_engine() -> None:
     book.observe_engine("a", EngineTimings())
     book.observe_engine("a", EngineTimings(itl_s_sum=0.3 * 100, itl_count=100, output_tokens_sum=640,
                                            output_count=10))
+    # Before any prefill is reported (no calibrated peer either), the defaults: the first few steps of a loaded
+    # machine set one replica's decode term far apart from its identical peers' (test_sdk_routing failed so).
+    assert book.rates("a").decode_step_s == TtftSettings().decode_step_s
+    assert book.rates("a").output_tokens == TtftSettings().output_tokens
+    book.observe_engine("a", EngineTimings(prefill_s_sum=0.5, prefill_count=10, prefill_tokens_sum=10_000,
+                                           itl_s_sum=0.3 * 100, itl_count=100, output_tokens_sum=640,
+                                           output_count=10))
     r = book.rates("a")
     assert r.decode_step_s == pytest.approx(0.3)
     assert r.output_tokens == pytest.approx(64.0)
