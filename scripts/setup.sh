@@ -28,6 +28,28 @@ fi
 
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 
+# Disk: the venvs still to be created (sizes measured after a fresh set-up) plus 1 GB for pip's
+# unpacking. Checked before pip starts, so a full disk stops here with a clear message instead of
+# pip's ENOSPC half-way through an install.
+gb() { awk -v mb="$1" 'BEGIN {printf "%.1f", mb / 1024}'; }
+need_mb=0
+[ -x .venv/bin/python ] || need_mb=$((need_mb + 1400))
+[ -x .venv-engine/bin/python ] || need_mb=$((need_mb + 3600))
+if [ "${LITELLM_KV_VL_ENGINE:-0}" = 1 ] && [ ! -x .venv-engine-vl/bin/python ]; then
+  need_mb=$((need_mb + 6500))
+fi
+if [ "$need_mb" -gt 0 ]; then
+  need_mb=$((need_mb + 1000))
+  for dir in "$ROOT" "${TMPDIR:-/tmp}"; do
+    free_mb=$(( $(df -Pk "$dir" | awk 'NR == 2 {print $4}') / 1024 ))
+    if [ "$free_mb" -lt "$need_mb" ]; then
+      log "not enough disk space in $dir: the set-up needs about $(gb "$need_mb") GB there, $(gb "$free_mb") GB is free."
+      log "free some space (or set TMPDIR to a roomier filesystem for pip's unpacking) and run it again."
+      exit 1
+    fi
+  done
+fi
+
 # Proxy side: LiteLLM + litellm-kv + test tools.
 want=$(stamp_of requirements/proxy.txt requirements/core.txt requirements/dev.txt pyproject.toml setup.py litellm_kv/vllm/_chain.c)
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]; then
