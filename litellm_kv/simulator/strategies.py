@@ -388,6 +388,10 @@ class LitellmKV(_EventDriven):
         await super().start(replicas, block_size, clock)
         self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
         self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
+        # A run starts from nothing learned: a strategy started twice does not carry the first run over.
+        self.rates = RateBook(self.model.ttft or TtftSettings())
+        self.aging = GaugeAging() if self.aging else None
+        self.reasons, self._predicted, self.ttft_errors = {}, {}, []
 
     async def route(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         m = await self.matches(req)

@@ -17,7 +17,7 @@ from litellm_kv.simulator.interface import Strategy
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.report import Summary
 from litellm_kv.simulator.runner import ALL, Slo, run_all, run_one
-from litellm_kv.simulator.simulation import SimSettings
+from litellm_kv.simulator.simulation import SimSettings, Simulation
 from litellm_kv.simulator.strategies import LitellmKV
 from litellm_kv.simulator.workload import agent_fanout, load_mooncake, multi_turn, shared_prefix
 
@@ -159,3 +159,24 @@ def test_ttft_model_keeps_fanout_bursts_together_better_than_the_block_cost() ->
     rows = {r.strategy: r for r in run_all(reqs, cfg, ["litellm-kv-blocks", "litellm-kv"], Slo())}
     assert rows["litellm-kv"].hit_ratio > rows["litellm-kv-blocks"].hit_ratio + 0.05
     assert rows["litellm-kv"].goodput_rps > rows["litellm-kv-blocks"].goodput_rps
+
+
+def test_a_strategy_started_again_runs_as_a_fresh_one() -> None:
+    # start() begins a run: the learned rates, gauge aging, decision counts and TTFT errors of an earlier
+    # run must not leak into it, or a reused strategy would route differently from a fresh one.
+    reqs = agent_fanout(tasks=6, fanout=4, rate=2.0, block_size=64)
+    cfg = SimSettings(replicas=2, block_size=64)
+
+    async def go() -> tuple[Summary, Summary, LitellmKV]:
+        used = LitellmKV(seed=cfg.seed)
+        await Simulation(cfg, list(reqs), used).run()
+        first_errors = len(used.ttft_errors)
+        again, _ = await run_one(reqs, cfg, "litellm-kv", Slo(), factory=lambda n, s: used)
+        assert len(used.ttft_errors) == first_errors
+        fresh, _ = await run_one(reqs, cfg, "litellm-kv", Slo())
+        return again, fresh, used
+
+    again, fresh, used = asyncio.run(go())
+    assert sum(used.reasons.values()) == len(reqs)
+    assert (again.hit_ratio, again.goodput_rps, again.ttft_p50_s) == (fresh.hit_ratio, fresh.goodput_rps,
+                                                                        fresh.ttft_p50_s)
