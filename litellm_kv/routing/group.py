@@ -79,12 +79,14 @@ RATE_GAUGE = gauge(
     "decode_step_seconds, output_tokens, ttft_correction.",
     ["model_group", "replica", "rate"],
 )
+# Signed seconds (measured − predicted); tools/harness/testbed.py reads the bounds back when it folds the buckets.
+TTFT_ERROR_BUCKETS = (-2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 2.0)
 TTFT_ERROR = histogram(
     "ttft_prediction_error_seconds",
     "Measured time to first token (decision to first streamed content chunk, at the proxy) minus the TTFT "
     "predicted for the chosen replica, per streamed response.",
     ["model_group"],
-    buckets=(-2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 2.0),
+    buckets=TTFT_ERROR_BUCKETS,
 )
 
 

@@ -9,11 +9,12 @@ import statistics
 
 import pytest
 
+from litellm_kv.routing.group import TTFT_ERROR_BUCKETS
 from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness import field
 from tools.harness.engines import MODEL_DIR
-from tools.harness.testbed import abc_order, histogram_abs_error
+from tools.harness.testbed import abc_order, delta, histogram_abs_error
 
 
 def test_same_seed_same_requests_and_rate_only_moves_times() -> None:
@@ -94,12 +95,17 @@ def test_abc_order_puts_every_routing_early_and_late() -> None:
 
 def test_abs_error_quantiles_from_the_signed_histogram() -> None:
     b = "litellm_kv_ttft_prediction_error_seconds_bucket"
-    run1 = {f'{b}{{le="-0.1",model_group="g"}}': 1.0, f'{b}{{le="0.0",model_group="g"}}': 5.0,
-            f'{b}{{le="0.05",model_group="g"}}': 9.0, f'{b}{{le="+Inf",model_group="g"}}': 10.0}
-    # |e| <= 0.05: 4 (0, 0.05]; <= 0.1: 4 more (-0.1, 0]; beyond: 1 below -0.1 and 1 above 0.05.
-    assert histogram_abs_error([run1]) == {"n": 10, "median_le_s": 0.1, "p90_le_s": math.inf}
+    # Measured − predicted TTFT of ten responses, as the proxy's histogram counts them (cumulative per bound).
+    errors = [-0.3, -0.05, -0.01, 0.005, 0.005, 0.03, 0.03, 0.04, 0.07, 3.0]
+    after = {f'{b}{{le="{le}",model_group="g"}}': float(sum(e <= le for e in errors)) for le in TTFT_ERROR_BUCKETS}
+    after[f'{b}{{le="+Inf",model_group="g"}}'] = float(len(errors))
+    # What a run's delta holds: the bounds below -0.2 did not change, so they are left out of it.
+    run1 = delta(after, {})
+    assert f'{b}{{le="-0.5",model_group="g"}}' not in run1
+    # |e| <= 0.01: 2, <= 0.02: 1, <= 0.05: 3, <= 0.1: 2, <= 0.5: 1 (the -0.3, in (-0.5, -0.2]), beyond 2 s: 1.
+    assert histogram_abs_error([run1]) == {"n": 10, "median_le_s": 0.05, "p90_le_s": 0.5}
     doubled = histogram_abs_error([run1, run1])
-    assert doubled is not None and doubled["n"] == 20
+    assert doubled == {"n": 20, "median_le_s": 0.05, "p90_le_s": 0.5}
     assert histogram_abs_error([{}]) is None
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from litellm_kv.routing.group import TTFT_ERROR_BUCKETS
 from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas, start_vl_replica
 from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
@@ -220,8 +221,10 @@ ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
 
 def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
     """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
-    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s)."""
-    cum: dict[float, float] = {}
+    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s).
+    A delta leaves out the buckets that did not change (:func:`delta`): every bound of the metric starts at
+    0, so the lowest bucket that did change keeps its lower bound instead of looking open-ended."""
+    cum: dict[float, float] = dict.fromkeys((*TTFT_ERROR_BUCKETS, math.inf), 0.0)
     for d in deltas:
         for k, v in d.items():
             if k.startswith(ERROR_METRIC + "_bucket"):
