@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,7 @@ def db_proxy() -> Iterator[tuple[Proxy, str]]:
         if proxy is not None:
             proxy.stop()
         subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "stop", str(run)], check=False, timeout=60)
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def _admin(proxy: Proxy, path: str, body: dict[str, Any]) -> dict[str, Any]:
