@@ -15,6 +15,7 @@ here: traces carry no text.
 from __future__ import annotations
 
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -374,24 +375,25 @@ class LitellmKV(_EventDriven):
         super().__init__(seed, index)
         tc = (ttft or TtftSettings()) if self.cost_model == "ttft" else None
         self.model = CostModel(cost or CostSettings(), seed=seed, ttft=tc)
-        self.rates = RateBook(tc or TtftSettings())
         self.sibling_ttl_s = sibling_ttl_s
-        self.siblings = SiblingIndex(ttl_s=sibling_ttl_s)
         self.load_settings = load
-        self.load = InMemoryLoadTracker(load)
-        self.aging = GaugeAging() if scrape_aging else None
+        self.scrape_aging = scrape_aging
+        self._new_run(time.monotonic)
+
+    def _new_run(self, clock: Callable[[], float]) -> None:
+        """What one run learns and counts, from nothing: a strategy started twice does not carry the first run
+        over."""
+        self.rates = RateBook(self.model.ttft or TtftSettings())
+        self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
+        self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
+        self.aging = GaugeAging() if self.scrape_aging else None
         self.reasons: dict[str, int] = {}
         self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
         self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
 
     async def start(self, replicas: list[str], block_size: int, clock: Callable[[], float]) -> None:
         await super().start(replicas, block_size, clock)
-        self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
-        self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
-        # A run starts from nothing learned: a strategy started twice does not carry the first run over.
-        self.rates = RateBook(self.model.ttft or TtftSettings())
-        self.aging = GaugeAging() if self.aging else None
-        self.reasons, self._predicted, self.ttft_errors = {}, {}, []
+        self._new_run(clock)
 
     async def route(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         m = await self.matches(req)
