@@ -19,7 +19,7 @@ import pytest
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
 from tools.harness.engines import EngineReplica, reset_prefix_caches
-from tools.harness.procs import free_port
+from tools.harness.procs import free_ports
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
 
@@ -319,7 +319,9 @@ def test_tenant_cache_isolation(proxy: Proxy) -> None:
 def test_new_empty_replica_receives_traffic(engines: list[EngineReplica], engine_model: Any) -> None:
     """A replica that is down when the proxy starts is skipped (no failed attempts), then gets traffic
     once it comes up empty (anti-starvation / least-loaded for new prefixes)."""
-    newcomer = EngineReplica(name="newcomer", port=free_port(), model_dir=engine_model)
+    port, events_port, replay_port = free_ports(3)
+    newcomer = EngineReplica(name="newcomer", port=port, model_dir=engine_model, events_port=events_port,
+                             replay_port=replay_port)
     p = start_proxy(_config([engines[0], newcomer], str(engine_model), groups=(KV,)), name="routing-newcomer")
     try:
         deadline = time.monotonic() + 60

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
+from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_ports
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 # The vision-language engine venv (built by ``scripts/test.sh``, or ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``):
@@ -109,9 +109,14 @@ class EngineReplica:
     replay_endpoint: str = ""
     proc: ManagedProcess | None = None
     starts: int = 0
+    # The KV-event and replay ports; 0: chosen free here. start_replicas chooses every port of a start at once.
+    events_port: int = 0
+    replay_port: int = 0
 
     def __post_init__(self) -> None:
-        ev_port = free_port()
+        if not (self.events_port and self.replay_port):
+            self.events_port, self.replay_port = free_ports(2)
+        ev_port = self.events_port
         if self.events == "ipc":
             sock = Path(tempfile.gettempdir()) / f"litellm-kv-{os.getpid()}-{self.name}.sock"
             self.events_endpoint = self.subscribe_endpoint = f"ipc://{sock}"
@@ -125,7 +130,7 @@ class EngineReplica:
             self.events_endpoint = self.subscribe_endpoint = ""  # tools/engine/serve.py then sets no --kv-events-config
         else:
             raise ValueError(f"unknown events mode {self.events!r}")
-        self.replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
 
     @property
     def url(self) -> str:
@@ -213,18 +218,21 @@ def start_replicas(
     """Start ``n`` replicas in parallel and wait until each answers ``/health``.
     On failure every replica started here is stopped and the error shows the engine log.
 
-    Ports are picked free just before the engines bind them; another process can take one in between
-    (seen on busy machines), so a failed start is retried once on fresh ports.
+    Every port of the start (HTTP, KV events, replay; three per replica) is chosen in one ``free_ports`` call,
+    so no two repeat. Another process can still take one before the engine binds it (seen on busy
+    machines), so a failed start is retried once on fresh ports.
 
     ``model``: a ``build_model.py`` variant (``tiny``, or ``ttft`` for the TTFT testbed with
     ``max_model_len`` up to 16384)."""
     model_dir = ensure_model(MODEL_DIRS[model], model)
     for attempt in (1, 2):
+        ports = free_ports(3 * n)
         reps = [
             EngineReplica(
-                name=f"{name_prefix}{i}", port=free_port(), model_dir=model_dir, block_size=block_size,
+                name=f"{name_prefix}{i}", port=ports[3 * i], model_dir=model_dir, block_size=block_size,
                 kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, max_model_len=max_model_len, events=events,
                 extra_args=tuple(extra_args), env=dict(env or {}),
+                events_port=ports[3 * i + 1], replay_port=ports[3 * i + 2],
             )
             for i in range(n)
         ]
@@ -263,9 +271,11 @@ def start_vl_replica(
         raise RuntimeError(f"{VL_ENGINE_PY} is missing: run LITELLM_KV_VL_ENGINE=1 scripts/setup.sh")
     model_dir = ensure_vl_model()
     for attempt in (1, 2):
-        rep = EngineReplica(name=name, port=free_port(), model_dir=model_dir, block_size=block_size,
+        port, events_port, replay_port = free_ports(3)
+        rep = EngineReplica(name=name, port=port, model_dir=model_dir, block_size=block_size,
                             kv_cache_bytes=kv_cache_bytes, events=events, extra_args=tuple(extra_args),
-                            python=VL_ENGINE_PY, env=dict(env or {}))
+                            python=VL_ENGINE_PY, env=dict(env or {}), events_port=events_port,
+                            replay_port=replay_port)
         t0 = time.monotonic()
         try:
             rep.start()

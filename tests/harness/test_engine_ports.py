@@ -1,0 +1,34 @@
+"""The engine harness's ports (tools/harness/engines.py): every port of a replica is distinct, and the ones a start
+chose together are the ones the engine is told to use. Nothing is started here; the engine tests start real ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.harness.engines import EngineReplica
+from tools.harness.procs import free_ports
+
+
+def test_ports_given_are_the_endpoints_used() -> None:
+    port, events_port, replay_port = free_ports(3)
+    rep = EngineReplica(name="p", port=port, model_dir=Path("/nonexistent"), events="tcp-bind",
+                        events_port=events_port, replay_port=replay_port)
+    assert rep.url == f"http://127.0.0.1:{port}"
+    assert rep.events_endpoint == f"tcp://*:{events_port}"
+    assert rep.subscribe_endpoint == f"tcp://127.0.0.1:{events_port}"
+    assert rep.replay_endpoint == f"tcp://127.0.0.1:{replay_port}"
+
+
+def test_ports_chosen_here_differ_from_each_other() -> None:
+    (port,) = free_ports(1)
+    for _ in range(50):
+        rep = EngineReplica(name="p", port=port, model_dir=Path("/nonexistent"), events="tcp-connect")
+        assert rep.events_port != rep.replay_port
+        assert rep.subscribe_endpoint.endswith(f":{rep.events_port}")
+        assert rep.replay_endpoint.endswith(f":{rep.replay_port}")
+
+
+def test_free_ports_are_distinct() -> None:
+    for _ in range(20):
+        ports = free_ports(12)
+        assert len(set(ports)) == 12
