@@ -23,10 +23,15 @@ baselines on (a) and (b); on (c) within noise of least-busy: the difference no l
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
 absolute error of the prediction against the TTFT measured, from litellm-kv's signed error histogram
 (``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under; the proxy sends no
-per-response prediction).
+per-response prediction). And run by run, litellm-kv's per-run TTFT mean and p95 minus each baseline's run of the
+same A-B-C block (mean difference, its sd and standard error, in how many runs litellm-kv was lower): pairing the
+runs takes the machine's drift between blocks out of the comparison.
 
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
         [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
+
+``--pool A.json B.json ...`` runs nothing: it merges earlier runs' ``--json`` files by cell (workload and rate;
+compare runs made with the same ``--rates``) and prints the pooled figures, run-by-run differences and verdict.
 """
 
 from __future__ import annotations
@@ -84,6 +89,37 @@ def decision_reasons(delta: dict[str, float]) -> dict[str, int]:
     return dict(sorted(label_counts(delta, DECISIONS_METRIC + "{", "reason", f'model_group="{KV}"').items()))
 
 
+def paired(kv: list[float], base: list[float]) -> dict[str, Any]:
+    """litellm-kv's per-run figure minus a baseline's, run i against run i: the two ran in the same A-B-C block, so
+    drift of the machine between blocks cancels. The mean difference, its spread (sd) and standard error, and in
+    how many of the runs litellm-kv was lower."""
+    d = [a - b for a, b in zip(kv, base, strict=True)]
+    sd = statistics.stdev(d) if len(d) > 1 else 0.0
+    return {"mean_ms": round(statistics.fmean(d), 1), "sd_ms": round(sd, 1), "se_ms": round(sd / len(d) ** 0.5, 1),
+            "lower_in": sum(x < 0 for x in d), "n": len(d)}
+
+
+def paired_all(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """:func:`paired` of the per-run TTFT means and p95s against each baseline; ``runs[g]``: ``mean`` and ``p95``
+    lists in run order."""
+    kv = runs[KV]
+    return {g: {"ttft_mean": paired(kv["mean"], runs[g]["mean"]), "ttft_p95": paired(kv["p95"], runs[g]["p95"])}
+            for g in (SHUFFLE, LEAST_BUSY)}
+
+
+def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_means: list[float]) -> dict[str, Any]:
+    """The must-show on one cell: litellm-kv's TTFT mean and p95 (``ttft_mean_ms``, ``ttft_p95_ms`` of each routing)
+    below both baselines', or on the ``unique`` control its mean within the spread of least-busy's per-run means."""
+    kv, sh, lb = (routings[g] for g in (KV, SHUFFLE, LEAST_BUSY))
+    if workload == "unique":
+        noise = max(least_busy_run_means) - min(least_busy_run_means)
+        diff = kv["ttft_mean_ms"] - lb["ttft_mean_ms"]
+        return {"kind": "control", "kv_minus_least_busy_ms": round(diff, 1), "least_busy_spread_ms": round(noise, 1),
+                "within_noise": abs(diff) <= noise}
+    return {"kind": "win", "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
+            "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+
+
 def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict[str, str] | None = None
                  ) -> dict[str, Any]:
     out: dict[str, Any] = {"workload": comp.workload, "rate": comp.rate, "checks": comp.checks, "routings": {}}
@@ -97,16 +133,9 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
         if wl is not None:
             pooled["per_run_placement"] = [field.placement(r, wl, names or {}) for r in runs]
         out["routings"][g] = pooled
-    kv, sh, lb = (out["routings"][g] for g in (KV, SHUFFLE, LEAST_BUSY))
-    if comp.workload == "unique":
-        noise = max(lb["per_run_ttft_mean_ms"]) - min(lb["per_run_ttft_mean_ms"])
-        diff = kv["ttft_mean_ms"] - lb["ttft_mean_ms"]
-        out["verdict"] = {"kind": "control", "kv_minus_least_busy_ms": round(diff, 1),
-                          "least_busy_spread_ms": round(noise, 1), "within_noise": abs(diff) <= noise}
-    else:
-        out["verdict"] = {"kind": "win",
-                          "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
-                          "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+    out["verdict"] = verdict(comp.workload, out["routings"], out["routings"][LEAST_BUSY]["per_run_ttft_mean_ms"])
+    out["paired"] = paired_all({g: {"mean": out["routings"][g]["per_run_ttft_mean_ms"],
+                                    "p95": out["routings"][g]["per_run_ttft_p95_ms"]} for g in ROUTINGS})
     out["per_run_decisions"] = [decision_reasons(d) for d in comp.kv_deltas]
     hist = histogram_abs_error(comp.kv_deltas)
     if hist:
@@ -134,11 +163,76 @@ def print_cell(s: dict[str, Any]) -> None:
         if runs:
             print(f"  {LABELS[g]:<22} prefix groups per replica (later requests sent elsewhere), per run: "
                   + "; ".join(f"{p['groups']} ({p['away']})" for p in runs))
+    print_paired(s["paired"])
     if s.get("per_run_decisions"):
         print(f"  litellm-kv decisions by reason, per run: {s['per_run_decisions']}")
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
     if "prediction_error_hist" in s:
         print(f"predicted vs measured TTFT (litellm-kv's error histogram, bucket bounds): {s['prediction_error_hist']}")
+
+
+def verdict_text(v: dict[str, Any]) -> str:
+    if v["kind"] == "control":
+        return (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, spread "
+                f"{v['least_busy_spread_ms']:.0f})")
+    return f"mean below both: {v['mean_below_both']}; p95 below both: {v['p95_below_both']}"
+
+
+def paired_text(d: dict[str, Any]) -> str:
+    m, p = d["ttft_mean"], d["ttft_p95"]
+    return (f"mean {m['mean_ms']:+.0f} ms (sd {m['sd_ms']:.0f}, se {m['se_ms']:.0f}; lower in {m['lower_in']}/{m['n']} "
+            f"runs), p95 {p['mean_ms']:+.0f} ms (sd {p['sd_ms']:.0f}; lower in {p['lower_in']}/{p['n']})")
+
+
+def print_paired(pairs: dict[str, dict[str, Any]]) -> None:
+    for g, d in pairs.items():
+        print(f"  litellm-kv minus {LABELS[g]}, run by run: {paired_text(d)}")
+
+
+def pool(paths: list[str]) -> dict[str, Any]:
+    """Cells of several bench runs (their ``--json`` files) merged by workload and rate: each routing's per-run
+    TTFT means and p95s put together, then summarised per cell as the mean of the per-run means (min-max, sd),
+    the mean of the per-run p95s, the run-by-run differences (:func:`paired`) and the verdict on those means."""
+    cells: dict[tuple[str, float], dict[str, Any]] = {}
+    for path in paths:
+        for c in json.loads(Path(path).read_text())["cells"]:
+            cell = cells.setdefault((c["workload"], c["rate"]), {
+                "workload": c["workload"], "rate": c["rate"], "benches": 0,
+                "runs": {g: {"mean": [], "p95": []} for g in ROUTINGS}})
+            cell["benches"] += 1
+            for g in ROUTINGS:
+                cell["runs"][g]["mean"] += c["routings"][g]["per_run_ttft_mean_ms"]
+                cell["runs"][g]["p95"] += c["routings"][g]["per_run_ttft_p95_ms"]
+    out = []
+    for cell in cells.values():
+        runs = cell.pop("runs")
+        routings = {}
+        for g in ROUTINGS:
+            m, p = runs[g]["mean"], runs[g]["p95"]
+            routings[g] = {"runs": len(m), "ttft_mean_ms": round(statistics.fmean(m), 1), "min_ms": min(m),
+                           "max_ms": max(m), "sd_ms": round(statistics.stdev(m), 1) if len(m) > 1 else 0.0,
+                           "ttft_p95_ms": round(statistics.fmean(p), 1)}
+        out.append({**cell, "routings": routings, "paired": paired_all(runs),
+                    "verdict": verdict(cell["workload"], routings, runs[LEAST_BUSY]["mean"])})
+    return {"files": paths, "cells": out}
+
+
+def pool_markdown(pooled: dict[str, Any]) -> str:
+    lines = [f"Pooled over {len(pooled['files'])} bench runs ({', '.join(Path(f).name for f in pooled['files'])}): "
+             "per routing, the mean of the per-run TTFT means (min-max, sd over runs) and of the per-run p95s; per "
+             "baseline, litellm-kv's run-by-run difference (its run minus the baseline's run of the same A-B-C "
+             "block).", "",
+             "| workload | load (req/s) | routing | runs | TTFT mean ms (min-max, sd) | TTFT p95 ms | litellm-kv minus "
+             "this, run by run | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for s in pooled["cells"]:
+        for g in ROUTINGS:
+            r = s["routings"][g]
+            diff = paired_text(s["paired"][g]) if g in s["paired"] else ""
+            judged = verdict_text(s["verdict"]) if g == KV else ""
+            lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['runs']} | {r['ttft_mean_ms']:.0f} "
+                         f"({r['min_ms']:.0f}-{r['max_ms']:.0f}, sd {r['sd_ms']:.0f}) | {r['ttft_p95_ms']:.0f} "
+                         f"| {diff} | {judged} |")
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -151,20 +245,17 @@ def markdown(results: dict[str, Any]) -> str:
         for g in ROUTINGS:
             r = s["routings"][g]
             m, p = r["per_run_ttft_mean_ms"], r["per_run_ttft_p95_ms"]
-            verdict = ""
+            judged = ""
             if g == KV:
-                v = s["verdict"]
-                verdict = (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, "
-                           f"spread {v['least_busy_spread_ms']:.0f})" if v["kind"] == "control" else
-                           f"mean below both: {v['mean_below_both']}; p95 below both: {v['p95_below_both']}")
+                judged = verdict_text(s["verdict"])
                 if "prediction_error_hist" in s:
                     h = s["prediction_error_hist"]
-                    verdict += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
+                    judged += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
                                 f"p90 <= {1000 * h['p90_le_s']:.0f} ms (n={h['n']})")
             lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['ttft_mean_ms']:.0f} "
                          f"({min(m):.0f}-{max(m):.0f}) | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} "
                          f"({min(p):.0f}-{max(p):.0f}) | {r['e2e_mean_ms']:.0f} | {r['output_tok_s']:.1f} | "
-                         f"{r['cached_ratio']:.3f} | {verdict} |")
+                         f"{r['cached_ratio']:.3f} | {judged} |")
     return "\n".join(lines)
 
 
@@ -278,7 +369,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default="")
     ap.add_argument("--plot-dir", default="", help="write ttft_<workload>.png (TTFT against load) here")
     ap.add_argument("--replot", default="", help="only re-render --markdown/--plot-dir from this --json file")
+    ap.add_argument("--pool", nargs="+", default=[], metavar="JSON",
+                    help="only pool these --json files of earlier runs by cell and print (and --markdown, --json) "
+                         "the pooled figures and the run-by-run differences")
     args = ap.parse_args(argv)
+    if args.pool:
+        pooled = pool(args.pool)
+        md = pool_markdown(pooled)
+        print(md)
+        if args.markdown:
+            Path(args.markdown).write_text(md + "\n")
+        if args.json:
+            Path(args.json).write_text(json.dumps(pooled, indent=1))
+        return 0
     if args.replot:
         results = json.loads(Path(args.replot).read_text())
         if args.plot_dir:

@@ -1,0 +1,67 @@
+"""benchmarks/bench_ttft.py's run-by-run comparison and its pooling of earlier runs' --json files (no engines: the
+figures are made up, the arithmetic is the bench's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tools.harness.testbed import KV, LEAST_BUSY, SHUFFLE
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ttft.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_ttft", BENCH)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cell(workload: str, rate: float, means: dict[str, list[float]], p95s: dict[str, list[float]]) -> dict[str, Any]:
+    return {"workload": workload, "rate": rate,
+            "routings": {g: {"per_run_ttft_mean_ms": means[g], "per_run_ttft_p95_ms": p95s[g]}
+                         for g in (SHUFFLE, LEAST_BUSY, KV)}}
+
+
+def test_paired_differences(bench: ModuleType) -> None:
+    d = bench.paired([100.0, 300.0, 200.0], [150.0, 250.0, 260.0])
+    assert d["n"] == 3 and d["lower_in"] == 2
+    assert d["mean_ms"] == pytest.approx((-50 + 50 - 60) / 3, abs=0.05)
+    assert d["sd_ms"] == pytest.approx(60.8, abs=0.05)  # sd of (-50, 50, -60)
+    assert d["se_ms"] == pytest.approx(60.83 / 3 ** 0.5, abs=0.05)
+
+
+def test_pool_merges_runs_by_cell_and_judges_the_pooled_means(bench: ModuleType, tmp_path: Path) -> None:
+    a = {"cells": [_cell("chat", 6.81, {SHUFFLE: [400, 500], LEAST_BUSY: [420, 380], KV: [350, 450]},
+                         {SHUFFLE: [800, 900], LEAST_BUSY: [700, 760], KV: [650, 900]})]}
+    b = {"cells": [_cell("chat", 6.81, {SHUFFLE: [300], LEAST_BUSY: [320], KV: [340]},
+                         {SHUFFLE: [600], LEAST_BUSY: [700], KV: [590]}),
+                   _cell("unique", 3.4, {SHUFFLE: [200, 210], LEAST_BUSY: [190, 230], KV: [205, 215]},
+                         {SHUFFLE: [300, 310], LEAST_BUSY: [290, 330], KV: [305, 315]})]}
+    paths = []
+    for name, payload in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(payload))
+        paths.append(str(tmp_path / name))
+    pooled = bench.pool(paths)
+    chat, unique = pooled["cells"]
+    assert chat["benches"] == 2 and unique["benches"] == 1
+    kv = chat["routings"][KV]
+    assert kv["runs"] == 3 and kv["ttft_mean_ms"] == pytest.approx(380.0) and (kv["min_ms"], kv["max_ms"]) == (340, 450)
+    assert kv["ttft_p95_ms"] == pytest.approx(713.3, abs=0.1)
+    vs_shuffle = chat["paired"][SHUFFLE]["ttft_mean"]
+    assert vs_shuffle["lower_in"] == 2 and vs_shuffle["mean_ms"] == pytest.approx((-50 - 50 + 40) / 3, abs=0.05)
+    # Pooled means: kv 380 against shuffle 400 and least-busy 373.3, not below both; p95s 713 against 767 and 720.
+    assert chat["verdict"] == {"kind": "win", "mean_below_both": False, "p95_below_both": True}
+    v = unique["verdict"]
+    assert v["kind"] == "control" and v["kv_minus_least_busy_ms"] == pytest.approx(0.0)
+    assert v["least_busy_spread_ms"] == pytest.approx(40.0) and v["within_noise"] is True
+    md = bench.pool_markdown(pooled)
+    assert "| chat | 6.81 | litellm-kv | 3 | 380 (340-450" in md and "lower in 2/3" in md
