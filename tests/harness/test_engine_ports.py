@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tools.harness.engines import EngineReplica
 from tools.harness.procs import free_ports
 
@@ -32,3 +34,10 @@ def test_free_ports_are_distinct() -> None:
     for _ in range(20):
         ports = free_ports(12)
         assert len(set(ports)) == 12
+
+
+def test_one_of_the_two_side_ports_alone_is_refused() -> None:
+    """Choosing the missing one here could hand out the given one again (it is not bound yet)."""
+    (port,) = free_ports(1)
+    with pytest.raises(ValueError, match="both"):
+        EngineReplica(name="p", port=port, model_dir=Path("/nonexistent"), events_port=port + 1)

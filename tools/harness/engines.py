@@ -115,6 +115,8 @@ class EngineReplica:
 
     def __post_init__(self) -> None:
         if not (self.events_port and self.replay_port):
+            if self.events_port or self.replay_port:
+                raise ValueError("give both events_port and replay_port, or neither")
             self.events_port, self.replay_port = free_ports(2)
         ev_port = self.events_port
         if self.events == "ipc":
