@@ -124,6 +124,45 @@ async def test_a_lost_batch_inside_a_burst_is_replayed(
     assert await index.lookup(G, [2000 + i for i in range(30)]) == {R: ReplicaMatch(gpu=30)}
 
 
+# -- Redis loses the index: every path that finds the loss counts one resync ----------------------------------
+
+
+async def test_redis_losing_its_data_is_found_by_the_next_batch_and_counted_once(
+    setup: tuple[FakePublisher, EventStream, RedisIndex], server: RedisServer,
+) -> None:
+    """Redis forgets the stream (flushed, as a restart without persistence does) while the engine is idle; the
+    next live batch is a gap behind what the stream applied: one resync, a replay from 0, exact again."""
+    pub, stream, index = setup
+    for i in range(3):
+        await pub.publish(batch(stored([3000 + i], parent=2999 + i if i else None)))
+    await until(lambda: stream.stats.last_seq == 2)
+    server.client().flushall()
+    await pub.publish(batch(stored([3003], parent=3002)))
+    await until(lambda: stream.stats.last_seq == 3)
+    assert stream.stats.resyncs == 1
+    assert await index.lookup(G, [3000, 3001, 3002, 3003]) == {R: ReplicaMatch(gpu=4)}
+
+
+async def test_redis_restarting_under_the_stream_is_counted_once(
+    setup: tuple[FakePublisher, EventStream, RedisIndex], server: RedisServer,
+) -> None:
+    """A batch arrives while Redis is down: the stream backs off, resumes from Redis's lost position (none),
+    counts one resync and replays the engine's buffer from 0."""
+    pub, stream, index = setup
+    for i in range(3):
+        await pub.publish(batch(stored([4000 + i], parent=3999 + i if i else None)))
+    await until(lambda: stream.stats.last_seq == 2)
+    server.stop()
+    try:
+        await pub.publish(batch(stored([4003], parent=4002)))
+        await until(lambda: stream.stats.redis_errors >= 1)
+    finally:
+        server.start()
+    await until(lambda: stream.stats.last_seq == 3, timeout=15)
+    assert stream.stats.resyncs == 1
+    assert await index.lookup(G, [4000, 4001, 4002, 4003]) == {R: ReplicaMatch(gpu=4)}
+
+
 # -- an engine out of reach: the replay socket does not answer (its port is closed) -------------------------
 
 

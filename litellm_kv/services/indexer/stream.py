@@ -71,8 +71,8 @@ REPLAYS = counter(
 )
 RESYNCS = counter(
     "indexer_resyncs",
-    "Times a replica was purged and re-learned (engine restart, lost batches, AllBlocksCleared, an undecodable "
-    "batch).",
+    "Times a replica was purged or lost and re-learned (engine restart, lost batches, AllBlocksCleared, an "
+    "undecodable batch, Redis losing the stream's data).",
     ["model_group", "replica"],
 )
 REANNOUNCED = counter(
@@ -183,14 +183,22 @@ class EventStream:
         """Resync when Redis is behind what this stream applied (data lost: a restart without
         persistence, a failover, or a purge by another indexer). Raises RedisError if down."""
         state = await self.index.stream_state(self.group, self.stats.stream)
-        if self.stats.last_seq >= 0 and (state is None or state[0] < self.stats.last_seq):
-            log.warning("indexer %s: Redis has %s but this stream applied up to %d: resynchronising",
-                        self.stats.stream, "no position" if state is None else f"seq {state[0]}",
-                        self.stats.last_seq)
-            self.stats.resyncs += 1
-            RESYNCS.labels(*self._labels).inc()
-            self.stats.last_seq = -1 if state is None else state[0]
+        if self._redis_behind(-1 if state is None else state[0]):
             self.resync()
+
+    def _redis_behind(self, redis_seq: int) -> bool:
+        """Count and log a resynchronisation when Redis's position (-1: none) is behind what this stream
+        applied, and take Redis's position as the stream's; whichever path finds the loss (the heartbeat's
+        check, a resume after an outage, a gap answer) counts it once."""
+        if self.stats.last_seq < 0 or redis_seq >= self.stats.last_seq:
+            return False
+        log.warning("indexer %s: Redis has %s but this stream applied up to %d (Redis lost data, another "
+                    "indexer reset the stream, or the engine restarted): resynchronising", self.stats.stream,
+                    "no position" if redis_seq < 0 else f"seq {redis_seq}", self.stats.last_seq)
+        self.stats.resyncs += 1
+        RESYNCS.labels(*self._labels).inc()
+        self.stats.last_seq = redis_seq
+        return True
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task, Exception)
@@ -234,9 +242,10 @@ class EventStream:
     async def _resume(self) -> None:
         """Catch up from Redis's position: replay everything after the last applied seq."""
         state = await self.index.stream_state(self.group, self.stats.stream)
-        start = 0 if state is None else state[0] + 1
-        self.stats.last_seq = -1 if state is None else state[0]
-        await self._replay(start)
+        redis_seq = -1 if state is None else state[0]
+        self._redis_behind(redis_seq)
+        self.stats.last_seq = redis_seq
+        await self._replay(redis_seq + 1)
 
     async def _follow(self) -> None:
         assert self._sub is not None
@@ -359,7 +368,11 @@ class EventStream:
         elif res.status is ApplyStatus.DUPLICATE:
             self.stats.duplicates += 1
             self.stats.last_seq = max(self.stats.last_seq, res.last_seq)
+        elif res.status is ApplyStatus.GAP and not res.purged:
+            self._redis_behind(res.last_seq)  # a gap behind what was applied: Redis lost the stream's data
         if res.status is ApplyStatus.RESTART or (res.status is ApplyStatus.GAP and res.purged):
+            if res.status is ApplyStatus.GAP:
+                self.stats.last_seq = res.last_seq
             self.stats.resyncs += 1
             RESYNCS.labels(*self._labels).inc()
             log.warning("indexer %s: replica purged and re-learning (seq %d, %d entries dropped, %s)",
