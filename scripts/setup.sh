@@ -41,6 +41,10 @@ fi
 if [ "$need_mb" -gt 0 ]; then
   need_mb=$((need_mb + 1000))
   for dir in "$ROOT" "${TMPDIR:-/tmp}"; do
+    if [ ! -d "$dir" ]; then
+      log "$dir does not exist (is TMPDIR set to a missing directory?): create it or unset TMPDIR, and run it again."
+      exit 1
+    fi
     free_mb=$(( $(df -Pk "$dir" | awk 'NR == 2 {print $4}') / 1024 ))
     if [ "$free_mb" -lt "$need_mb" ]; then
       log "not enough disk space in $dir: the set-up needs about $(gb "$need_mb") GB there, $(gb "$free_mb") GB is free."
