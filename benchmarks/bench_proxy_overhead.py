@@ -57,8 +57,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
-from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, stop_replicas
-from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port, free_ports
+from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, replica_ports, stop_replicas
+from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.redis_cluster import RedisClusterServers
 from tools.harness.redis_server import RedisServer
@@ -250,10 +250,10 @@ def long_model() -> Path:
 
 def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
     model = long_model()
-    ports = free_ports(6)
-    reps = [EngineReplica(name=f"bench-r{i}", port=ports[3 * i], model_dir=model, kv_cache_bytes=kv_cache_bytes,
-                          extra_args=("--max-model-len", str(MAX_MODEL_LEN)), events_port=ports[3 * i + 1],
-                          replay_port=ports[3 * i + 2]) for i in range(2)]
+    reps = [EngineReplica(name=f"bench-r{i}", port=port, model_dir=model, kv_cache_bytes=kv_cache_bytes,
+                          extra_args=("--max-model-len", str(MAX_MODEL_LEN)), events_port=events_port,
+                          replay_port=replay_port)
+            for i, (port, events_port, replay_port) in enumerate(replica_ports(2))]
     try:
         for r in reps:
             r.start()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.harness.engines import EngineReplica
+from tools.harness.engines import EngineReplica, replica_ports
 from tools.harness.procs import free_ports
 
 
@@ -30,10 +30,11 @@ def test_ports_chosen_here_differ_from_each_other() -> None:
         assert rep.replay_endpoint.endswith(f":{rep.replay_port}")
 
 
-def test_free_ports_are_distinct() -> None:
+def test_replica_ports_are_distinct_triples() -> None:
     for _ in range(20):
-        ports = free_ports(12)
-        assert len(set(ports)) == 12
+        triples = replica_ports(4)
+        assert len(triples) == 4 and all(len(t) == 3 for t in triples)
+        assert len({p for t in triples for p in t}) == 12
 
 
 def test_one_of_the_two_side_ports_alone_is_refused() -> None:

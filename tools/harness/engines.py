@@ -228,15 +228,13 @@ def start_replicas(
     ``max_model_len`` up to 16384)."""
     model_dir = ensure_model(MODEL_DIRS[model], model)
     for attempt in (1, 2):
-        ports = free_ports(3 * n)
         reps = [
             EngineReplica(
-                name=f"{name_prefix}{i}", port=ports[3 * i], model_dir=model_dir, block_size=block_size,
+                name=f"{name_prefix}{i}", port=port, model_dir=model_dir, block_size=block_size,
                 kv_cache_bytes=kv_cache_bytes, hash_algo=hash_algo, max_model_len=max_model_len, events=events,
-                extra_args=tuple(extra_args), env=dict(env or {}),
-                events_port=ports[3 * i + 1], replay_port=ports[3 * i + 2],
+                extra_args=tuple(extra_args), env=dict(env or {}), events_port=events_port, replay_port=replay_port,
             )
-            for i in range(n)
+            for i, (port, events_port, replay_port) in enumerate(replica_ports(n))
         ]
         t0 = time.monotonic()
         try:
@@ -257,6 +255,12 @@ def start_replicas(
     raise AssertionError("unreachable")
 
 
+def replica_ports(n: int) -> list[tuple[int, int, int]]:
+    """(HTTP, KV-event, replay) ports for ``n`` replicas, all distinct: taken from one ``free_ports`` call."""
+    ports = free_ports(3 * n)
+    return [(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(n)]
+
+
 def start_vl_replica(
     *,
     kv_cache_bytes: str = "8M",
@@ -273,7 +277,7 @@ def start_vl_replica(
         raise RuntimeError(f"{VL_ENGINE_PY} is missing: run LITELLM_KV_VL_ENGINE=1 scripts/setup.sh")
     model_dir = ensure_vl_model()
     for attempt in (1, 2):
-        port, events_port, replay_port = free_ports(3)
+        ((port, events_port, replay_port),) = replica_ports(1)
         rep = EngineReplica(name=name, port=port, model_dir=model_dir, block_size=block_size,
                             kv_cache_bytes=kv_cache_bytes, events=events, extra_args=tuple(extra_args),
                             python=VL_ENGINE_PY, env=dict(env or {}), events_port=events_port,
