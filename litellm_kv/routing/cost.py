@@ -6,8 +6,9 @@ Two cost models, chosen per group (``kv.cost_model``):
   replica's cost is its *predicted time to first token* in seconds — prefill queued ahead, this
   request's uncached prefill, the slowdown of running decodes, at rates learned per replica
   (:mod:`litellm_kv.routing.ttft`) — plus ``work_weight`` × this request's own prefill seconds (the time
-  it takes from later requests there). With a TTFT target (``kv.ttft.slo_ttft_s``), only the replicas
-  predicted to meet it compete, when any is.
+  it takes from later requests there), ``stall_weight`` × those seconds × the replica's running decodes (the
+  stall it inflicts on them), and the decode and recent-work terms of docs/routing.md. With a TTFT target
+  (``kv.ttft.slo_ttft_s``), only the replicas predicted to meet it compete, when any is.
 * ``blocks`` (below): the token-equivalent cost the project shipped first.
 
 In the ``blocks`` model every quantity is in *prefill-token equivalents*: the cost of a replica is roughly the work it
@@ -347,6 +348,7 @@ class CostModel:
                 span = max(1e-9, 1.0 - cfg.kv_usage_threshold)
                 extra_s += b * cfg.kv_usage_penalty_tokens * min(1.0, (c.kv_usage - cfg.kv_usage_threshold) / span)
             extra_s += tc.decode_weight * rt.output_tokens * rt.decode_step_s
+            extra_s += tc.stall_weight * own * running  # the prefill stalls every decode running there
             costs[r] = t + tc.work_weight * rt.correction * own + extra_s
         # With a TTFT target, only the replicas predicted to meet it compete, when there are any.
         slo_met: bool | None = None

@@ -79,6 +79,13 @@ class TtftSettings:
         "a TTFT alone does not see. 0 ignores decode.",
         default=0.3,
     )
+    stall_weight: float = doc(
+        "Weight of the stall this request's prefill inflicts on a replica's running decodes: this weight × its "
+        "own prefill seconds there × the replica's running decodes is added to the cost. A replica that would "
+        "answer this request sooner by recomputing its prompt slows every decode it runs meanwhile, which a TTFT "
+        "does not see. 0 disables it.",
+        default=0.1,
+    )
     output_tokens: float = doc(
         "Output tokens per request assumed before the engines' vllm:request_generation_tokens is known.",
         default=128.0,
@@ -134,7 +141,7 @@ class TtftSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         for name in ("slo_ttft_s", "prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight",
-                     "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests"):
+                     "stall_weight", "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.chunk_tokens <= 0:

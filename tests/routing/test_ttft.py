@@ -266,6 +266,33 @@ def test_work_weight_keeps_siblings_together() -> None:
     assert _model(work_weight=0.5).choose(8400, BS, cands()).replica == "a"
 
 
+def test_a_prefill_pays_for_the_decodes_it_stalls() -> None:
+    """Each replica pays stall_weight × its own prefill seconds for this request × its running decodes: a
+    recompute there costs the most, a hit's short prefill little, an idle replica nothing."""
+    def cands() -> list[Candidate]:
+        return [Candidate("cold", inflight_decode=6), Candidate("holder", ReplicaMatch(gpu=200), inflight_decode=6),
+                Candidate("quiet")]
+    on, off = _model().choose(4000, BS, cands()), _model(stall_weight=0.0).choose(4000, BS, cands())
+    cfg = TtftSettings()
+    for name, new_tokens in (("cold", 4000), ("holder", 4000 - 200 * BS)):
+        own = cfg.prefill_overhead_s + cfg.prefill_s_per_token * new_tokens
+        assert on.scores[name] - off.scores[name] == pytest.approx(cfg.stall_weight * own * 6)
+    assert on.scores["quiet"] == off.scores["quiet"]  # no running decodes: nothing to stall
+    with pytest.raises(ValueError):
+        TtftSettings(stall_weight=-0.1).validate()
+
+
+def test_a_fan_out_follower_stays_with_its_context_rather_than_slow_a_busy_replicas_decodes() -> None:
+    """A follower of an 8K context, two of whose calls are queued on 'a' (sibling prediction): 'b' has no queue
+    but runs 8 decodes. By TTFT and work alone 'b' wins; counting the 8K-token recompute's delay to b's decodes,
+    'a' does."""
+    def cands() -> list[Candidate]:
+        return [Candidate("a", sibling_blocks=500, inflight_prefill_tokens=16_000, inflight_decode=4),
+                Candidate("b", inflight_decode=8)]
+    assert _model(stall_weight=0.0).choose(8400, BS, cands()).replica == "b"
+    assert _model().choose(8400, BS, cands()).replica == "a"
+
+
 def test_a_ttft_target_keeps_requests_off_replicas_predicted_to_miss_it() -> None:
     """The hit's queue (45K tokens ahead, ~1.84 s) is cheaper by the cost than the idle replica, whose recent work
     charges it 2.4 s more; with a 1.5 s target only the idle replica is predicted to meet it."""
