@@ -89,15 +89,14 @@ class _Flight:
     decoding: bool = False
 
 
-class _Decay:
-    """A sum that halves every ``half_life`` seconds, stored as (value, time of value)."""
+class DecayedSum:
+    """A sum that decays at ``rate`` (ln 2 / half-life, per second), stored as (value, time of value)."""
 
-    __slots__ = ("rate", "t", "v")
+    __slots__ = ("t", "v")
 
     def __init__(self) -> None:
         self.v = 0.0
         self.t = 0.0
-        self.rate = 0.0
 
     def at(self, now: float, rate: float) -> float:
         return self.v * math.exp(-rate * max(0.0, now - self.t)) if self.v else 0.0
@@ -117,7 +116,7 @@ class InMemoryLoadTracker:
         self._rate = math.log(2) / max(1e-9, self.cfg.recent_half_life_s)
         self._flights: dict[str, _Flight] = {}
         self._load: dict[tuple[str, str], TrackedLoad] = {}
-        self._recent: dict[tuple[str, str], _Decay] = {}
+        self._recent: dict[tuple[str, str], DecayedSum] = {}
 
     def begin_sync(self, group: str, replica: str, request_id: str, prefill_tokens: int) -> None:
         self.end_sync(request_id)
@@ -126,7 +125,7 @@ class InMemoryLoadTracker:
         load = self._load.setdefault(key, TrackedLoad())
         load.prefill_tokens += prefill_tokens
         load.prefill_requests += 1
-        self._recent.setdefault(key, _Decay()).add(self._clock(), self._rate, prefill_tokens)
+        self._recent.setdefault(key, DecayedSum()).add(self._clock(), self._rate, prefill_tokens)
 
     def replicas(self, group: str) -> set[str]:
         """Replicas of ``group`` this tracker has ever counted a request on."""
