@@ -41,10 +41,12 @@ from typing import Literal
 
 from litellm_kv.config import doc
 from litellm_kv.index.base import ReplicaMatch
+from litellm_kv.routing.hold import PrefixDemand
 from litellm_kv.routing.ttft import ReplicaRates, TtftSettings
 from litellm_kv.vllm.hashing import max_hit_blocks
 
 Reason = Literal["cache", "load", "imbalance", "unique", "fallback"]
+Hold = Literal["", "held", "hot", "busy"]
 
 
 @dataclass(slots=True)
@@ -170,6 +172,9 @@ class RoutingDecision:
     visual_s: float = 0.0  # their part of raw_ttft_s
     visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens at the chosen one's rate
     slo_met: bool | None = None  # with kv.ttft.slo_ttft_s: whether any candidate was predicted to meet it
+    # Prefix hold (TTFT model, a request with hits): held at a holder of its longest hit, or not held because its
+    # prefix is hot or no holder was within the hold's bounds; "" when the hold did not apply.
+    hold: Hold = ""
 
 
 def replica_load(cfg: CostSettings, c: Candidate) -> float:
@@ -210,6 +215,11 @@ def _capped(match: ReplicaMatch, limit: int) -> tuple[int, int, int]:
     return gpu, cpu, sto
 
 
+def _hold_ttft_bound(tc: TtftSettings) -> float:
+    """The predicted TTFT a held request or a placed new prefix may face: hold_ttft_s, or the target if lower."""
+    return min(tc.hold_ttft_s, tc.slo_ttft_s) if tc.slo_ttft_s > 0 else tc.hold_ttft_s
+
+
 def uncached_visual(spans: Sequence[tuple[int, int]], cached_tokens: int) -> int:
     """Visual tokens of the images in ``spans`` (``(offset, tokens)`` placeholder runs) not wholly within the
     first ``cached_tokens``: the images the engine must process and encode. vLLM skips an image whose
@@ -244,13 +254,16 @@ class CostModel:
         return RoutingDecision(self._argmin(loads), reason, 0, loads)
 
     def choose(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate],
-               visual_spans: Sequence[tuple[int, int]] = ()) -> RoutingDecision:
+               visual_spans: Sequence[tuple[int, int]] = (), *, hashes: Sequence[int] = (),
+               demand: PrefixDemand | None = None) -> RoutingDecision:
         """``visual_spans``: ``(offset, tokens)`` of each image's placeholder run, which the TTFT model
-        charges at ``visual_s_per_token`` on top where the candidate's hits do not cover them."""
+        charges at ``visual_s_per_token`` on top where the candidate's hits do not cover them. ``hashes`` (the
+        prompt's block hashes) and ``demand`` (the group's prefix counts, which this decision adds to): the
+        TTFT model's prefix hold, when ``kv.ttft.hold`` is on."""
         if not candidates:
             raise ValueError("no candidates")
         if self.ttft is not None:
-            return self._choose_ttft(prompt_tokens, block_size, candidates, self.ttft, visual_spans)
+            return self._choose_ttft(prompt_tokens, block_size, candidates, self.ttft, visual_spans, hashes, demand)
         cfg = self.cfg
         limit = max_hit_blocks(prompt_tokens, block_size)
         hits: dict[str, int] = {}
@@ -299,8 +312,10 @@ class CostModel:
         return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits)
 
     def _choose_ttft(self, prompt_tokens: int, block_size: int, candidates: Sequence[Candidate],
-                     tc: TtftSettings, visual_spans: Sequence[tuple[int, int]] = ()) -> RoutingDecision:
-        """Lowest predicted TTFT plus ``work_weight`` × own prefill seconds (docs/routing.md)."""
+                     tc: TtftSettings, visual_spans: Sequence[tuple[int, int]] = (), hashes: Sequence[int] = (),
+                     demand: PrefixDemand | None = None) -> RoutingDecision:
+        """Lowest predicted TTFT plus ``work_weight`` × own prefill seconds (docs/routing.md), after the prefix
+        hold and the placement of new prefixes."""
         cfg = self.cfg
         limit = max_hit_blocks(prompt_tokens, block_size)
         hits: dict[str, int] = {}
@@ -308,6 +323,7 @@ class CostModel:
         costs: dict[str, float] = {}
         raw: dict[str, float] = {}
         visual: dict[str, tuple[int, float, float]] = {}  # replica -> uncached visual tokens, seconds, extra tokens
+        running_of: dict[str, int] = {}
         chunk = tc.chunk_tokens
         for c in candidates:
             r = c.replica
@@ -338,6 +354,7 @@ class CostModel:
             # scrape lags a burst the router has just sent).
             ahead = rt.prefill_overhead_s * max(waiting, c.inflight_prefill_requests) + b * queued
             running = c.inflight_decode if c.engine_running is None else max(c.inflight_decode, c.engine_running)
+            running_of[r] = running
             slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
             base = ahead + own + slow
             raw[r] = base
@@ -357,10 +374,16 @@ class CostModel:
             meet = {r: v for r, v in costs.items() if ttft[r] <= tc.slo_ttft_s}
             slo_met = bool(meet)
             pool = meet or costs
-        if cfg.temperature > 0:
+        held: Hold = ""
+        chosen = ""
+        if tc.hold and demand is not None:
+            held, chosen = self._hold(tc, hits, block_size, hashes, demand, ttft, costs, running_of)
+        if not chosen and not hits and tc.unique_by_recent_work:
+            chosen = self._place_new(tc, candidates, ttft, costs)
+        if not chosen and cfg.temperature > 0:
             chosen = self._sample(pool, cfg.temperature * self._defaults.prefill_s_per_token
                                   * max(prompt_tokens, block_size))
-        else:
+        elif not chosen:
             chosen = self._argmin(pool)
         reason: Reason
         if not hits:
@@ -375,7 +398,36 @@ class CostModel:
                     reason = "imbalance"
         vis, vis_s, vis_extra = visual.get(chosen, (0, 0.0, 0.0))
         return RoutingDecision(chosen, reason, hits.get(chosen, 0), costs, hits, ttft, raw[chosen], vis, vis_s,
-                               vis_extra, slo_met)
+                               vis_extra, slo_met, held)
+
+    def _place_new(self, tc: TtftSettings, candidates: Sequence[Candidate], ttft: dict[str, float],
+                   costs: dict[str, float]) -> str:
+        """A request that hits nowhere: the replica recently sent the least prefill work, among those predicted to
+        answer within the hold's TTFT bound (all when none is); the cost breaks ties."""
+        bound = _hold_ttft_bound(tc)
+        pool = [c for c in candidates if ttft[c.replica] <= bound] or list(candidates)
+        least = min(c.recent_prefill_tokens for c in pool)
+        return self._argmin({c.replica: costs[c.replica] for c in pool if c.recent_prefill_tokens <= least + 1e-9})
+
+    def _hold(self, tc: TtftSettings, hits: dict[str, int], block_size: int, hashes: Sequence[int],
+              demand: PrefixDemand, ttft: dict[str, float], costs: dict[str, float],
+              running: dict[str, int]) -> tuple[Hold, str]:
+        """The prefix hold: the cheapest holder of the longest hit while the prefix is not hot and a holder is
+        within the TTFT and running-decode bounds; ``("", "")`` for a request that hits nowhere."""
+        longest = max(hits.values(), default=0) // block_size
+        if not longest or longest > len(hashes):
+            demand.share(None)  # the group's count includes every request
+            return "", ""
+        holders = [r for r, h in hits.items() if h // block_size == longest]
+        share = demand.share(hashes[longest - 1])
+        if share * len(costs) / len(holders) > tc.hold_fair_share:
+            return "hot", ""
+        bound = tc.hold_running_ratio * sum(running.values()) / len(running) + tc.hold_running_slack
+        limit = _hold_ttft_bound(tc)
+        keep = {r: costs[r] for r in holders if ttft[r] <= limit and running[r] <= bound}
+        if not keep:
+            return "busy", ""
+        return "held", self._argmin(keep)
 
     def _argmin(self, values: dict[str, float]) -> str:
         best = min(values.values())

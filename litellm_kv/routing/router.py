@@ -16,6 +16,7 @@ from typing import Any
 from litellm_kv.index.base import KVIndex, ReplicaMatch, RidingLookup, ScriptRider
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
+from litellm_kv.routing.hold import PrefixDemand
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.routing.ttft import RateBook
@@ -39,6 +40,13 @@ SLO_UNMET = counter(
     "TTFT-cost decisions of a group with a TTFT target (kv.ttft.slo_ttft_s) for which no replica was predicted "
     "to meet it: the fleet is past what the target allows.",
     ["model_group"],
+)
+PREFIX_HOLD = counter(
+    "routing_prefix_hold",
+    "TTFT-cost decisions of requests with a predicted hit, by what the prefix hold did (kv.ttft.hold): held (kept "
+    "at a replica holding the longest hit), hot (the prefix draws more than its fair share: the cost decided), "
+    "busy (no holder within hold_ttft_s and the running-decode bound: the cost decided).",
+    ["model_group", "outcome"],
 )
 DECISION_SECONDS = histogram(
     "routing_decision_seconds",
@@ -109,6 +117,7 @@ class RoutingResult:
     raw_visual_s: float = 0.0  # their part of raw_ttft_s
     visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens (counted as load)
     slo_met: bool | None = None  # with a TTFT target: whether any replica was predicted to meet it
+    hold: str = ""  # what the prefix hold did (held, hot, busy; "" when it did not apply)
 
 
 class KVRouter:
@@ -123,6 +132,9 @@ class KVRouter:
         self.backend = backend
         self.rates = rates if rates is not None else RateBook(cost.ttft) if cost.ttft is not None else None
         self.last_ttft: dict[str, float] = {}  # the latest decision's predicted TTFT per candidate
+        tc = cost.ttft
+        self.demand = (PrefixDemand(tc.hold_half_life_s, tc.hold_prior_requests, tc.hold_max_prefixes)
+                       if tc is not None and tc.hold else None)
         # Checked once: an index that can carry the load read in its lookup's round trip.
         self.riding: RidingLookup | None = index if isinstance(index, RidingLookup) else None
 
@@ -176,7 +188,9 @@ class KVRouter:
                 c.rates = self.rates.rates(c.replica)
         spans = [(f.offset, f.length) for f in request.mm]
         d: RoutingDecision = self.cost.choose(prompt_tokens=L, block_size=hasher.block_size, candidates=cands,
-                                              visual_spans=spans)
+                                              visual_spans=spans, hashes=hashes, demand=self.demand)
+        if d.hold:
+            PREFIX_HOLD.labels(self.group, d.hold).inc()
         if d.ttft_s:
             self.last_ttft = d.ttft_s
             for r, t in d.ttft_s.items():
@@ -195,7 +209,7 @@ class KVRouter:
             wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
             predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s, block_size=hasher.block_size,
             uncached_visual_tokens=d.visual_tokens, raw_visual_s=d.visual_s, visual_extra_tokens=d.visual_extra_tokens,
-            slo_met=d.slo_met,
+            slo_met=d.slo_met, hold=d.hold,
         )
 
     @staticmethod

@@ -111,6 +111,49 @@ class TtftSettings:
         "kv.cost.imbalance_guard false turns it off in both models.",
         default=False,
     )
+    hold: bool = doc(
+        "Prefix hold: a request stays with the replicas holding its longest predicted hit (the cheapest of them) "
+        "while its prefix is not hot (hold_fair_share) and such a replica is predicted to answer within hold_ttft_s "
+        "with no more running decodes than hold_running_ratio × the group's mean + hold_running_slack; otherwise the "
+        "lowest cost wins. Groups of users sharing a prompt then stay where it is cached, as SGLang's cache-aware "
+        "policy keeps them, while a hot prefix still spreads (docs/routing.md). False: the lowest cost always wins.",
+        default=True,
+    )
+    hold_ttft_s: float = doc(
+        "Prefix hold: a holder is kept only while its predicted TTFT is at most this many seconds (a TTFT target, "
+        "slo_ttft_s, bounds it too).",
+        default=2.0,
+    )
+    hold_fair_share: float = doc(
+        "Prefix hold: a prefix is hot, and not held, when its share of the group's recent requests × the replica "
+        "count ÷ the replicas holding it is above this: 1 is exactly a fair share of the replicas that hold it.",
+        default=0.6,
+    )
+    hold_prior_requests: float = doc(
+        "Prefix hold: requests added to the group's recent count when a share is taken, so that in the first "
+        "moments of traffic a prefix is not hot only because few requests came before it.",
+        default=100.0,
+    )
+    hold_half_life_s: float = doc(
+        "Prefix hold: half-life of the per-prefix and group request counts, seconds.", default=30.0
+    )
+    hold_running_ratio: float = doc(
+        "Prefix hold: a holder is kept only while its running decodes (the larger of the router's and the engine's "
+        "count) are at most this × the group's mean plus hold_running_slack: sessions do not pile up on one replica.",
+        default=1.5,
+    )
+    hold_running_slack: float = doc("Prefix hold: running decodes allowed above hold_running_ratio × the mean.",
+                                    default=2.0)
+    hold_max_prefixes: int = doc(
+        "Prefix hold: prefixes counted per group in memory; past this the least recently seen is dropped.",
+        default=65536,
+    )
+    unique_by_recent_work: bool = doc(
+        "A request predicted to hit nowhere goes to the replica with the least prefill work recently sent to it "
+        "(the decayed sum of kv.load.recent_half_life_s), the cost breaking ties: new prefixes spread over the "
+        "replicas by what each was given to cache, as SGLang places them by tree size. False: the lowest cost wins.",
+        default=True,
+    )
     prior_requests: float = doc(
         "Weight of the defaults in the fit, in requests' worth of engine data: the learned rates take over "
         "once the engine has reported more than this many prefills.",
@@ -141,9 +184,15 @@ class TtftSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
         for name in ("slo_ttft_s", "prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight",
-                     "stall_weight", "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests"):
+                     "stall_weight", "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests",
+                     "hold_ttft_s", "hold_fair_share", "hold_prior_requests", "hold_running_ratio",
+                     "hold_running_slack"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if not self.hold_half_life_s > 0:
+            raise ValueError("hold_half_life_s must be positive")
+        if self.hold_max_prefixes < 1:
+            raise ValueError("hold_max_prefixes must be >= 1")
         if self.chunk_tokens <= 0:
             raise ValueError("chunk_tokens must be positive")
         if not (self.half_life_requests > 0 and self.correction_half_life > 0):

@@ -23,6 +23,7 @@ from typing import Any
 from litellm_kv.index.base import KVIndex
 from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
 from litellm_kv.routing.gauges import GaugeAging
+from litellm_kv.routing.hold import PrefixDemand
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
@@ -387,6 +388,9 @@ class LitellmKV(_EventDriven):
         self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
         self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
         self.aging = GaugeAging() if self.scrape_aging else None
+        tc = self.model.ttft
+        self.demand = (PrefixDemand(tc.hold_half_life_s, tc.hold_prior_requests, tc.hold_max_prefixes, clock=clock)
+                       if tc is not None and tc.hold else None)
         self.reasons: dict[str, int] = {}
         self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
         self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
@@ -419,7 +423,7 @@ class LitellmKV(_EventDriven):
                 engine_waiting=waiting, engine_running=running, kv_usage=g.kv_usage,
                 sibling_blocks=sib.get(r, 0), recent_prefill_tokens=ld.recent_tokens, **kw,
             ))
-        d = self.model.choose(req.prompt_tokens, self.block_size, cands)
+        d = self.model.choose(req.prompt_tokens, self.block_size, cands, hashes=req.blocks, demand=self.demand)
         self.reasons[d.reason] = self.reasons.get(d.reason, 0) + 1
         idx = self.replicas.index(d.replica)
         if d.reason != "unique" or self.model.cfg.sibling_credit > 0:

@@ -16,7 +16,7 @@ from litellm_kv.integration.routing_hooks import KVRoutingHandler, _Route
 from litellm_kv.routing.cost import CostModel
 from litellm_kv.routing.group import KVGroup
 from litellm_kv.routing.load import TrackedLoad
-from litellm_kv.routing.router import FALLBACKS, SLO_UNMET, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.router import FALLBACKS, PREFIX_HOLD, SLO_UNMET, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex
 from litellm_kv.routing.ttft import TtftSettings
 from litellm_kv.vllm.hashing import BlockHasher
@@ -84,6 +84,32 @@ def test_a_ttft_target_no_replica_can_meet_is_counted_and_shown() -> None:
         assert (res.replica, res.slo_met) == (R[1], met)
     assert SLO_UNMET.labels(G)._value.get() == before + 1
     assert _decide(_router(index), RoutingRequest(TOKENS)).slo_met is None
+
+
+def test_the_prefix_hold_keeps_a_shared_prompt_at_its_holder_and_is_counted() -> None:
+    """R[1] holds the prompt's first 8 blocks but was recently sent 200K tokens of work: the TTFT cost alone sends
+    the request to R[0]; the hold (on by default) keeps it at R[1] until the prefix draws more than its fair share."""
+    index = InMemoryIndex()
+    _store(index, R[1], HASHER.wire_hashes(TOKENS)[:8])
+
+    async def loads() -> dict[str, TrackedLoad]:
+        return {R[1]: TrackedLoad(recent_tokens=200_000.0)}
+
+    def decide(router: KVRouter, n: int = 0) -> RoutingResult:
+        prompt = TOKENS[:128] + [1000 + n] * 72  # the 8 shared blocks, then a question of its own
+        return asyncio.run(router.decide(RoutingRequest(prompt), HASHER, R, loads, {}))
+
+    assert decide(KVRouter(G, index, CostModel(seed=1, ttft=TtftSettings(hold=False)), SiblingIndex())).replica == R[0]
+    router = KVRouter(G, index, CostModel(seed=1, ttft=TtftSettings(hold_prior_requests=10)), SiblingIndex())
+    held, hot = PREFIX_HOLD.labels(G, "held")._value.get(), PREFIX_HOLD.labels(G, "hot")._value.get()
+    results = [decide(router, n) for n in range(6)]
+    replicas = [r.replica for r in results]
+    assert [r.hold for r in results] == ["held"] * 4 + ["hot", "held"]  # shown on /litellm-kv/route
+    # Shares × 2 replicas ÷ 1 holder: 1/11 × 2 ... 4/14 × 2 = 0.57 held; 5/15 × 2 = 0.67 hot, and the cost sends it
+    # to R[0]. R[0] then holds it too (sibling prediction): 6/16 × 2 ÷ 2 = 0.375 is held again, at the cheaper R[0].
+    assert replicas == [R[1]] * 4 + [R[0]] * 2
+    assert PREFIX_HOLD.labels(G, "held")._value.get() == held + 5
+    assert PREFIX_HOLD.labels(G, "hot")._value.get() == hot + 1
 
 
 def test_index_failure_is_a_load_only_choice() -> None:
