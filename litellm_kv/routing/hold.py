@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from litellm_kv.routing.load import DecayedSum
+from litellm_kv.routing.ttft import TtftSettings
 
 
 class PrefixDemand:
@@ -38,6 +39,14 @@ class PrefixDemand:
         self._clock = clock
         self._fleet = DecayedSum()
         self._prefixes: OrderedDict[int, DecayedSum] = OrderedDict()
+
+    @classmethod
+    def for_settings(cls, tc: TtftSettings | None,
+                     clock: Callable[[], float] = time.monotonic) -> PrefixDemand | None:
+        """The counts a group's TTFT cost needs: None with the block cost or with ``kv.ttft.hold`` off."""
+        if tc is None or not tc.hold:
+            return None
+        return cls(tc.hold_half_life_s, tc.hold_prior_requests, tc.hold_max_prefixes, clock=clock)
 
     def __len__(self) -> int:
         return len(self._prefixes)

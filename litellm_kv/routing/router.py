@@ -132,9 +132,7 @@ class KVRouter:
         self.backend = backend
         self.rates = rates if rates is not None else RateBook(cost.ttft) if cost.ttft is not None else None
         self.last_ttft: dict[str, float] = {}  # the latest decision's predicted TTFT per candidate
-        tc = cost.ttft
-        self.demand = (PrefixDemand(tc.hold_half_life_s, tc.hold_prior_requests, tc.hold_max_prefixes)
-                       if tc is not None and tc.hold else None)
+        self.demand = PrefixDemand.for_settings(cost.ttft)
         # Checked once: an index that can carry the load read in its lookup's round trip.
         self.riding: RidingLookup | None = index if isinstance(index, RidingLookup) else None
 

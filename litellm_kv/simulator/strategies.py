@@ -388,9 +388,7 @@ class LitellmKV(_EventDriven):
         self.siblings = SiblingIndex(ttl_s=self.sibling_ttl_s, clock=clock)
         self.load = InMemoryLoadTracker(self.load_settings, clock=clock)
         self.aging = GaugeAging() if self.scrape_aging else None
-        tc = self.model.ttft
-        self.demand = (PrefixDemand(tc.hold_half_life_s, tc.hold_prior_requests, tc.hold_max_prefixes, clock=clock)
-                       if tc is not None and tc.hold else None)
+        self.demand = PrefixDemand.for_settings(self.model.ttft, clock=clock)
         self.reasons: dict[str, int] = {}
         self._predicted: dict[int, float] = {}  # rid -> uncorrected predicted TTFT (TTFT model)
         self.ttft_errors: list[float] = []  # measured − predicted TTFT, seconds, per request
