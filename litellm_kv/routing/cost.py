@@ -380,11 +380,10 @@ class CostModel:
             held, chosen = self._hold(tc, hits, block_size, hashes, demand, ttft, costs, running_of)
         if not chosen and not hits and tc.unique_by_recent_work:
             chosen = self._place_new(tc, candidates, ttft, costs)
-        if not chosen and cfg.temperature > 0:
-            chosen = self._sample(pool, cfg.temperature * self._defaults.prefill_s_per_token
-                                  * max(prompt_tokens, block_size))
-        elif not chosen:
-            chosen = self._argmin(pool)
+        if not chosen:
+            chosen = (self._sample(pool, cfg.temperature * self._defaults.prefill_s_per_token
+                                   * max(prompt_tokens, block_size))
+                      if cfg.temperature > 0 else self._argmin(pool))
         reason: Reason
         if not hits:
             reason = "unique"
