@@ -419,7 +419,6 @@ class KVRoutingHandler(Handler):
         result = await g.decide(_chat_request(body, self._group_deployments(group), vision), list(g.fleet.replicas))
         hasher = g.fleet.hasher()
         out = asdict(result)
-        out.pop("wire_hashes", None)
         out["block_size"] = hasher.block_size if hasher else None
         out["cost_model"] = g.router.cost.kind
         return out

@@ -96,11 +96,13 @@ class EngineGauges:
 
 @dataclass(slots=True)
 class RoutingResult:
+    """One decision. The proxy keeps it per call until the call's last callback (up to ``inflight_ttl_s``), so it
+    holds nothing per block of the prompt: its size does not grow with the prompt."""
+
     replica: str
     reason: str
     predicted_hit_tokens: int
     prompt_tokens: int
-    wire_hashes: list[int] = field(default_factory=list)
     hit_tokens: dict[str, int] = field(default_factory=dict)
     exact: bool = True
     fallback_why: str = ""
@@ -204,7 +206,7 @@ class KVRouter:
         exact_hits = {r: min(m.blocks, limit) * hasher.block_size for r, m in matches.items() if m.blocks}
         return RoutingResult(
             replica=d.replica, reason=d.reason, predicted_hit_tokens=exact_hits.get(d.replica, 0), prompt_tokens=L,
-            wire_hashes=hashes, hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
+            hit_tokens=exact_hits, expected_hit_tokens=d.predicted_hit_tokens,
             predicted_ttft_s=d.ttft_s, raw_ttft_s=d.raw_ttft_s, block_size=hasher.block_size,
             uncached_visual_tokens=d.visual_tokens, raw_visual_s=d.visual_s, visual_extra_tokens=d.visual_extra_tokens,
             slo_met=d.slo_met, hold=d.hold,

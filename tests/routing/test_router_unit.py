@@ -56,6 +56,19 @@ def test_routes_to_the_replica_holding_the_prefix_and_predicts_the_engine_rule()
     assert res.replica == R[0] and res.predicted_hit_tokens == 12 * 16
 
 
+def test_the_result_holds_nothing_that_grows_with_the_prompt() -> None:
+    """The proxy keeps each call's result for its late callbacks (up to ``inflight_ttl_s``, 20,000 calls): a
+    per-block list there (the wire hashes once were) held ~13 KB per 8K-token call for ten minutes."""
+    index = InMemoryIndex()
+    tokens = list(range(16 * 512))
+    _store(index, R[1], HASHER.wire_hashes(tokens)[:100])
+    res = _decide(_router(index), RoutingRequest(tokens))
+    assert res.replica == R[1] and res.predicted_hit_tokens == 100 * 16
+    for name in res.__slots__:
+        value = getattr(res, name)
+        assert not (hasattr(value, "__len__") and not isinstance(value, str) and len(value) > len(R)), name
+
+
 @pytest.mark.parametrize(("req", "hasher", "why", "expected"), [
     (RoutingRequest(TOKENS, has_unhashable_media=True), HASHER, "", "multimodal"),
     (RoutingRequest(TOKENS, skip_prefix_cache=True), HASHER, "", "skip_prefix_cache"),
