@@ -33,7 +33,10 @@ class SiblingIndex:
     Two generations of entries: records go to the current one, which becomes the previous one
     every TTL (or at half of ``max_entries``), when the older generation is dropped — freed a slice
     per later ``record``, not in one pause. Expired entries still present are ignored at lookup.
-    ``record`` costs one dict write per block, expiry nothing per entry.
+    A generation holds one dict per replica, block hash -> expiry: a record allocates no object per
+    block (~52 bytes an entry; a dict per block took ~236, and each counted toward the garbage
+    collector's generation-0 threshold). ``record`` costs one dict write per block, expiry nothing
+    per entry.
     """
 
     def __init__(self, ttl_s: float = 5.0, max_entries: int = 200_000,
@@ -41,37 +44,37 @@ class SiblingIndex:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        self._cur: dict[int, dict[str, float]] = {}
-        self._prev: dict[int, dict[str, float]] = {}
-        self._retiring: list[dict[int, dict[str, float]]] = []
+        self._cur: dict[str, dict[int, float]] = {}
+        self._prev: dict[str, dict[int, float]] = {}
+        self._cur_entries = 0
+        self._retiring: list[dict[int, float]] = []
         self._rotated = clock()
         # replica -> expiry below which its entries predate a purge of its cache (recorded then, so void).
         self._void_before: dict[str, float] = {}
 
     def __len__(self) -> int:
-        return len(self._cur) + len(self._prev)
+        """(block, replica) entries held, expired ones included until their generation is dropped."""
+        return self._cur_entries + sum(len(d) for d in self._prev.values())
 
     def _rotate(self, now: float) -> None:
-        if now - self._rotated >= self.ttl_s or len(self._cur) >= self.max_entries // 2:
-            if self._prev:
-                # Freeing a whole generation at once is a pause on the request path (docs/performance.md):
-                # it is freed a slice per record() instead, as fast as blocks are recorded.
-                self._retiring.append(self._prev)
+        if now - self._rotated >= self.ttl_s or self._cur_entries >= self.max_entries // 2:
+            # Freeing a whole generation at once is a pause on the request path (docs/performance.md):
+            # it is freed a slice per record() instead, as fast as blocks are recorded.
+            self._retiring.extend(d for d in self._prev.values() if d)
             self._prev = self._cur
             self._cur = {}
+            self._cur_entries = 0
             self._rotated = now
 
     def record(self, replica: str, block_hashes: Sequence[int]) -> None:
         now = self._clock()
         self._rotate(now)
-        until = now + self.ttl_s
-        cur = self._cur
-        for h in block_hashes:
-            holders = cur.get(h)
-            if holders is None:
-                cur[h] = {replica: until}
-            else:
-                holders[replica] = until
+        mine = self._cur.get(replica)
+        if mine is None:
+            mine = self._cur[replica] = {}
+        before = len(mine)
+        mine.update(dict.fromkeys(block_hashes, now + self.ttl_s))
+        self._cur_entries += len(mine) - before
         if self._retiring:
             free_some(self._retiring, len(block_hashes) + 64)
 
@@ -80,41 +83,25 @@ class SiblingIndex:
         before is no longer predicted there. O(1): its older entries are ignored until they expire."""
         self._void_before[replica] = self._clock() + self.ttl_s
 
-    def _holders(self, h: int) -> dict[str, float] | None:
-        a = self._cur.get(h)
-        b = self._prev.get(h)
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return {**b, **a}
-
     def lookup(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks of the chain each replica is predicted to hold."""
         if not block_hashes:
             return {}
         now = self._clock()
         self._rotate(now)
-        first = self._holders(block_hashes[0])
-        if not first:
-            return {}
         out: dict[str, int] = {}
-        cur, prev = self._cur, self._prev
-        void = self._void_before
-        for replica, until in first.items():
+        empty: dict[int, float] = {}
+        replicas = [*self._cur, *(r for r in self._prev if r not in self._cur)]  # a fixed order: no set of names
+        for replica in replicas:
+            cur = self._cur.get(replica, empty)
+            prev = self._prev.get(replica, empty)
             # An entry counts while it has not expired and was recorded after the replica's last purge.
-            floor = max(now, void.get(replica, 0.0))
-            if until <= floor:
-                continue
+            floor = max(now, self._void_before.get(replica, 0.0))
             n = 0
             for h in block_hashes:
-                a = cur.get(h)
-                t = a.get(replica, 0.0) if a is not None else 0.0
-                if t <= floor:
-                    b = prev.get(h)
-                    t = b.get(replica, 0.0) if b is not None else 0.0
-                    if t <= floor:
-                        break
+                if cur.get(h, 0.0) <= floor and prev.get(h, 0.0) <= floor:
+                    break
                 n += 1
-            out[replica] = n
+            if n:
+                out[replica] = n
         return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from litellm_kv.retire import free_some
 from litellm_kv.routing.siblings import SiblingIndex
 
@@ -69,3 +71,24 @@ def test_free_some_respects_its_budget() -> None:
     assert [len(g) for g in gens] == [8]  # the newest (last) one went first, then 2 of the next
     free_some(gens, 100)
     assert gens == []
+
+
+def test_record_allocates_nothing_per_block() -> None:
+    """A generation keeps one dict per replica of block hash -> expiry: recording a long prompt's blocks
+    allocates no object per block. (A dict per block did: ~236 bytes an entry, and each one counted toward
+    the collector's generation-0 threshold, so an 8K-token decision set off a collection every few calls.)"""
+    s = SiblingIndex(ttl_s=5.0, clock=Clock())
+    s.record("a", range(-10, 0))
+    s.record("b", range(-10, 0))
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i in range(20):
+            s.record("ab"[i % 2], range(1000 * i, 1000 * i + 512))
+        allocated = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert allocated <= 2 * 20  # a temporary or two per record, none per block
+    assert len(s) == 20 + 20 * 512  # (block, replica) entries
+    assert s.lookup(list(range(1000, 1512))) == {"b": 512}
