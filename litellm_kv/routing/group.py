@@ -220,8 +220,9 @@ class KVGroup:
         self.verify_pending = False
         if self._candidate_tokenizer is None:  # loaded once, however often verification is retried
             try:
-                self._candidate_tokenizer = LocalChatTokenizer(self.options.tokenizer_path,
-                                                               fast_bpe=self.options.fast_bpe)
+                self._candidate_tokenizer = LocalChatTokenizer(
+                    self.options.tokenizer_path, fast_bpe=self.options.fast_bpe,
+                    segment_cache_tokens=self.options.tokenizer_memo_tokens)
             except Exception as exc:
                 self.tokenizer_state = f"engine (local tokenizer failed to load: {exc})"
                 log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)

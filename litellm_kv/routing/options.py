@@ -37,6 +37,13 @@ class KVRoutingSettings:
         "shows 'fast BPE on' or why it is off. The local tokenizer is verified against /tokenize either way.",
         default=True,
     )
+    tokenizer_memo_tokens: int = doc(
+        "Bound on the token ids held by the local tokenizer's memo, which keeps each text segment's ids (a "
+        "message's text between special tokens) so that a conversation's next turn tokenizes only its new "
+        "messages. About 34 bytes a token (~70 MB at the default); the least recently used segments are dropped "
+        "beyond it. 0 keeps none.",
+        default=2**21,
+    )
     verify_every: int = doc(
         "With a local tokenizer, compare its tokens with the engine's /tokenize on 1 request in N "
         "(in the background). A mismatch switches the group to the engine path. 0 disables sampling.",
@@ -138,5 +145,7 @@ class KVRoutingSettings:
             raise ValueError("sampling rates must be >= 0")
         if self.inflight_ttl_s <= 0:
             raise ValueError("inflight_ttl_s must be positive")
+        if self.tokenizer_memo_tokens < 0:
+            raise ValueError("tokenizer_memo_tokens must be >= 0")
         if self.tokenizer == "local" and not self.tokenizer_path:
             raise ValueError("tokenizer: local needs tokenizer_path")

@@ -58,7 +58,9 @@ class LocalChatTokenizer:
     """Chat template + tokenizer of one model, loaded from a Hugging Face model directory."""
 
     def __init__(self, model_dir: str | Path, segment_cache_size: int = 8192, content_format: str = "string",
-                 fast_bpe: bool = True) -> None:
+                 fast_bpe: bool = True, segment_cache_tokens: int = 2**21) -> None:
+        """``segment_cache_size`` and ``segment_cache_tokens`` bound the segment memo in segments and in token
+        ids (about 34 bytes each: a never-seen 8K-token system prompt holds ~280 KB)."""
         import jinja2
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -106,10 +108,13 @@ class LocalChatTokenizer:
         added = sorted(set(added), key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(a) for a in added) + ")") if added else None
         self._special_ids = {a: self._tok.token_to_id(a) for a in added}
-        # Values are tuples: untracked by the garbage collector, unlike lists (a full memo of lists made
-        # collections, and so the proxy's p99, slow).
+        # Values are tuples: the collector untracks a tuple of ints the first time it meets one, unlike a list (a
+        # full memo of lists made collections, and so the proxy's p99, slow); and a hit extends the prompt with the
+        # memo's own ints (an array of uint32 would take 4 bytes a token but make every hit ~10x slower).
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._cache_size = segment_cache_size
+        self._cache_tokens = segment_cache_tokens
+        self.memo_tokens = 0  # token ids held by the memo
         self.model_dir = str(d)
         self.content_format = content_format
 
@@ -143,9 +148,11 @@ class LocalChatTokenizer:
                 ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
         else:
             ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
-        self._cache[text] = ids
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        if len(ids) <= self._cache_tokens:
+            self._cache[text] = ids
+            self.memo_tokens += len(ids)
+            while len(self._cache) > self._cache_size or self.memo_tokens > self._cache_tokens:
+                self.memo_tokens -= len(self._cache.popitem(last=False)[1])
         return ids
 
     def encode(self, text: str) -> list[int]:

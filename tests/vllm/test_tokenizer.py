@@ -136,6 +136,27 @@ def test_local_tokenizer_reports_why_fast_path_is_off(engine_model: Path, tmp_pa
     assert LocalChatTokenizer(engine_model).fast_bpe_state == "on"
 
 
+def test_segment_memo_is_bounded_in_tokens(engine_model: Path) -> None:
+    """The memo keeps a conversation's segments so its next turn tokenizes only new text, but never more
+    token ids than its bound (a bound in segments alone let never-seen 8K-token prompts grow it to gigabytes);
+    the least recently used go first, and the ids are the same with or without the memo."""
+    rng = random.Random(3)
+    texts = [" ".join(f"w{rng.randrange(10**6)}" for _ in range(150)) for _ in range(12)]
+    plain = LocalChatTokenizer(engine_model, segment_cache_tokens=0)
+    sizes = [len(plain.encode(t)) for t in texts]
+    assert plain.memo_tokens == 0 and min(sizes) > 300
+    bound = 3 * max(sizes)
+    tok = LocalChatTokenizer(engine_model, segment_cache_tokens=bound)
+    for t in texts:
+        assert tok.encode(t) == plain.encode(t)
+        tok.encode(texts[0])  # kept warm: the least recently used others go first
+        assert tok.memo_tokens <= bound
+        assert tok.memo_tokens == sum(len(ids) for ids in tok._cache.values())
+    assert texts[0] in tok._cache and texts[1] not in tok._cache and texts[-1] in tok._cache
+    huge = " ".join(texts[:4])  # longer than the whole bound: tokenized, not kept
+    assert tok.encode(huge) == plain.encode(huge) and huge not in tok._cache
+
+
 def _conversations() -> list[dict[str, Any]]:
     rng = random.Random(11)
     words = ["cache", "block", "Prefix", "router's", "2048", "x**2", "\t", "  ", "\n\n", "émigré", "中文", "🚀",
