@@ -16,6 +16,10 @@ blocks of each routed prompt are stored on the chosen replica afterwards, as the
 would. Redis is a real ``redis-server`` on a free port.
 
     .venv/bin/python benchmarks/bench_routing_decision.py [--backends memory,redis] [--profile]
+
+``--memory N`` instead makes N decisions on never-seen prompts (embedded index) and prints what the process
+holds after them, at four points, by the source line that allocated it (``tracemalloc``): whether the
+request path's memos, side index and per-call records stay within their bounds.
 """
 
 from __future__ import annotations
@@ -288,6 +292,43 @@ async def profile(bench: Bench, prompts: Prompts, size: int) -> None:
     print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:6000])
 
 
+async def memory(model_dir: str, n: int, size: int) -> None:
+    """What ``n`` never-seen decisions of ``size`` tokens leave held (the memory backend; nothing is stored in
+    the index beyond the background, so the index does not grow)."""
+    import gc
+    import tracemalloc
+
+    bench = Bench("memory", None, model_dir)
+    await bench.start()
+    assert bench.group.tokenizer is not None
+    prompts = Prompts(bench.group.tokenizer, seed=1)
+    for _ in range(5):
+        await bench.decide(prompts.first(size))
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    print(f"\nMemory held after never-seen {size}-token decisions (tracemalloc, after a full collection):")
+    print(f"{'decisions':>9} {'held MB':>8} {'KB each':>8}  largest holders by allocating line (MB)")
+    marks = sorted({max(1, n // 4), max(1, n // 2), max(1, 3 * n // 4), n})
+    done = 0
+    for mark in marks:
+        while done < mark:
+            await bench.decide(prompts.first(size))
+            done += 1
+        gc.collect()
+        diff = tracemalloc.take_snapshot().compare_to(base, "lineno")
+        held = sum(d.size_diff for d in diff)
+        top = sorted(diff, key=lambda d: -d.size_diff)[:4]
+        where = "; ".join(f"{Path(d.traceback[0].filename).name}:{d.traceback[0].lineno} {d.size_diff / 1e6:.1f}"
+                          for d in top)
+        print(f"{done:>9} {held / 1e6:>8.1f} {held / done / 1e3:>8.1f}  {where}", flush=True)
+    tracemalloc.stop()
+    tok = bench.group.tokenizer
+    print(f"tokenizer memo: {sum(map(len, tok._cache.values()))} token ids in {len(tok._cache)} segments; "
+          f"calls kept for late callbacks: {len(bench.handler.routes)}; sibling entries: "
+          f"{len(bench.group.router.siblings)}")
+
+
 def report(cells: list[Cell]) -> None:
     print("\nWhole decision (KVRoutingHandler.filter_deployments), wall ms, and CPU ms of the proxy thread:")
     print(f"{'backend':<8} {'shape':<8} {'target':>7} {'tokens':>7} {'n':>4} {'p50':>7} {'p95':>7} {'p99':>7} "
@@ -319,10 +360,16 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="print a cProfile summary of 8K first-call decisions")
     ap.add_argument("--profile-size", type=int, default=8192)
     ap.add_argument("--model-dir", default=None, help="tokenizer directory (default: the tests' tiny model)")
+    ap.add_argument("--memory", type=int, default=0, metavar="N",
+                    help="instead of timing: what N never-seen decisions leave held in memory")
+    ap.add_argument("--memory-size", type=int, default=8192, help="prompt tokens of the --memory decisions")
     args = ap.parse_args()
     from tools.harness.engines import ensure_model
 
     model_dir = args.model_dir or str(ensure_model())
+    if args.memory:
+        asyncio.run(memory(model_dir, args.memory, args.memory_size))
+        return 0
     cells: list[Cell] = []
     for backend in args.backends.split(","):
         if backend == "redis":
