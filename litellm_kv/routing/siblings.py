@@ -46,7 +46,6 @@ class SiblingIndex:
         self._clock = clock
         self._cur: dict[str, dict[int, float]] = {}
         self._prev: dict[str, dict[int, float]] = {}
-        self._cur_entries = 0
         self._retiring: list[dict[int, float]] = []
         self._rotated = clock()
         # replica -> expiry below which its entries predate a purge of its cache (recorded then, so void).
@@ -54,16 +53,19 @@ class SiblingIndex:
 
     def __len__(self) -> int:
         """(block, replica) entries held, expired ones included until their generation is dropped."""
-        return self._cur_entries + sum(len(d) for d in self._prev.values())
+        return self._entries(self._cur) + self._entries(self._prev)
+
+    @staticmethod
+    def _entries(generation: dict[str, dict[int, float]]) -> int:
+        return sum(len(d) for d in generation.values())  # a dict per replica: a few lengths
 
     def _rotate(self, now: float) -> None:
-        if now - self._rotated >= self.ttl_s or self._cur_entries >= self.max_entries // 2:
+        if now - self._rotated >= self.ttl_s or self._entries(self._cur) >= self.max_entries // 2:
             # Freeing a whole generation at once is a pause on the request path (docs/performance.md):
             # it is freed a slice per record() instead, as fast as blocks are recorded.
             self._retiring.extend(d for d in self._prev.values() if d)
             self._prev = self._cur
             self._cur = {}
-            self._cur_entries = 0
             self._rotated = now
 
     def record(self, replica: str, block_hashes: Sequence[int]) -> None:
@@ -72,9 +74,7 @@ class SiblingIndex:
         mine = self._cur.get(replica)
         if mine is None:
             mine = self._cur[replica] = {}
-        before = len(mine)
         mine.update(dict.fromkeys(block_hashes, now + self.ttl_s))
-        self._cur_entries += len(mine) - before
         if self._retiring:
             free_some(self._retiring, len(block_hashes) + 64)
 

@@ -58,7 +58,7 @@ def test_routes_to_the_replica_holding_the_prefix_and_predicts_the_engine_rule()
 
 def test_the_result_holds_nothing_that_grows_with_the_prompt() -> None:
     """The proxy keeps each call's result for its late callbacks (up to ``inflight_ttl_s``, 20,000 calls): a
-    per-block list there (the wire hashes once were) held ~13 KB per 8K-token call for ten minutes."""
+    per-block list there (the wire hashes once were) held ~11 KB per 8K-token call for ten minutes."""
     index = InMemoryIndex()
     tokens = list(range(16 * 512))
     _store(index, R[1], HASHER.wire_hashes(tokens)[:100])
