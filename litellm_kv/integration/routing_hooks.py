@@ -50,7 +50,7 @@ from litellm_kv.observability import counter, histogram
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.group import ChatRequest, KVGroup
 from litellm_kv.routing.options import KVRoutingSettings
-from litellm_kv.routing.router import DECISION_SECONDS, RoutingResult
+from litellm_kv.routing.router import DECISION_CPU_SECONDS, DECISION_SECONDS, RoutingResult
 from litellm_kv.tasks import spawn_held
 from litellm_kv.vllm.hashing import NATIVE_HASHING
 from litellm_kv.vllm.multimodal import ImageItem
@@ -206,7 +206,7 @@ class KVRoutingHandler(Handler):
         g = self.groups.get(model_group)
         if g is None or not deployments:
             return None
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         # Membership comes from the router's full model list: a deployment missing from the healthy list
         # is only cooling down, and purging its replica would throw away a cache that is still there.
         if not {str((d.get("model_info") or {}).get("id")) for d in deployments} <= g.deployment_ids:
@@ -241,6 +241,7 @@ class KVRoutingHandler(Handler):
             }
         await g.begin(result, cid)
         DECISION_SECONDS.labels(model_group, result.tokenizer).observe(time.perf_counter() - t0)
+        DECISION_CPU_SECONDS.labels(model_group).observe(time.thread_time() - cpu0)
         # Shadow mode: the decision is recorded, LiteLLM routes as it would have.
         return None if g.options.shadow else [chosen]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from litellm_kv.routing.cost import CostModel, CostSettings
 from litellm_kv.routing.fleet import Fleet
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
 from litellm_kv.routing.options import KVRoutingSettings
-from litellm_kv.routing.router import DECISIONS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
+from litellm_kv.routing.router import DECISIONS, STAGE_SECONDS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
 from litellm_kv.tasks import spawn_held
@@ -331,12 +332,14 @@ class KVGroup:
         try:
             if request.messages is None:
                 raise RuntimeError("not a chat request")
+            t0 = time.perf_counter()
             try:
                 tokens, path = await self.tokens(request, images=with_images)
             except _ImagesNeedLocal:
                 # Routed by load; the text's tokens still size the request's load.
                 with_images, why = False, "multimodal"
                 tokens, path = await self.tokens(request)
+            STAGE_SECONDS.labels(self.name, "tokenize").observe(time.perf_counter() - t0)
         except Exception as exc:
             log.debug("litellm-kv: %s: tokenize failed: %s", self.name, exc)
             tokens = []

@@ -54,6 +54,21 @@ DECISION_SECONDS = histogram(
     ["model_group", "tokenizer"],
     buckets=(0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0),
 )
+STAGE_SECONDS = histogram(
+    "routing_stage_seconds",
+    "Time of one stage of a routing decision, seconds: tokenize (the chat template and the encoding, or the engine's "
+    "/tokenize), hash (the prompt's block hashes). The index round trip is litellm_kv_index_lookup_seconds.",
+    ["model_group", "stage"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.05, 0.25),
+)
+DECISION_CPU_SECONDS = histogram(
+    "routing_decision_cpu_seconds",
+    "CPU time of the proxy's event-loop thread during one routing decision, seconds: the decision's own work and any "
+    "other callback the loop ran while the decision awaited the index or the engine. Close to "
+    "litellm_kv_routing_decision_seconds: the time is work; far below it: the decision waited.",
+    ["model_group"],
+    buckets=(0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
 LOOKUP_SECONDS = histogram(
     "index_lookup_seconds",
     "Index lookup time for one prompt (all replicas, one round trip), seconds.",
@@ -166,10 +181,12 @@ class KVRouter:
         if why:
             return self._load_only(request, candidates, await loads(), gauges, why)
         assert hasher is not None
+        t0 = time.perf_counter()
         try:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
         except InexactHashError:
             return self._load_only(request, candidates, await loads(), gauges, "not_exact")
+        STAGE_SECONDS.labels(self.group, "hash").observe(time.perf_counter() - t0)
         if load_rider is not None and hashes and self.riding is not None:
             matches, ridden = await self._lookup(hashes, candidates, load_rider)
             load_map = ridden if ridden is not None else load_rider.fallback()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -328,3 +330,51 @@ def test_the_group_ages_the_scraped_queue_by_its_own_requests() -> None:
 
     assert asyncio.run(run(True)) == [(1, 0), (0, 0), (1, 0)]
     assert asyncio.run(run(False)) == [(1, 0), (1, 0), (1, 0)]
+
+
+def test_a_decision_times_its_stages_and_its_cpu(engine_model: Path) -> None:
+    """Through ``filter_deployments`` with the tiny model's real tokenizer: each decision observes its tokenize and
+    hash stages and the event-loop thread's CPU time, which cannot exceed the decision's wall time."""
+    from prometheus_client import REGISTRY
+
+    from litellm_kv.routing.fleet import ReplicaState, replica_id
+    from litellm_kv.vllm.engine import EngineClient
+    from litellm_kv.vllm.tokenization import LocalChatTokenizer
+
+    group = "stages"
+    bases = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+    deployments = [{"model_name": group, "litellm_params": {"model": "hosted_vllm/tiny", "api_base": b},
+                    "model_info": {"id": f"dep-{i}"}} for i, b in enumerate(bases)]
+    handler = KVRoutingHandler(Settings(model_groups={group: ModelGroupSettings(routing="kv",
+                                                                               kv={"verify_every": 0})}))
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"model_group": group, **labels}) or 0.0
+
+    async def run() -> None:
+        g = KVGroup(group, handler.options[group], InMemoryIndex(), None, True, "memory")
+        for d in deployments:
+            base = d["litellm_params"]["api_base"].removesuffix("/v1")
+            g.fleet.replicas[replica_id(base)] = ReplicaState(
+                replica_id(base), d["model_info"]["id"], base, EngineClient(base), block_size=16, hash_algo="sha256",
+                prefix_caching=True, ready=True)
+        g.fleet._refresh_exactness()
+        g.deployment_ids = frozenset(str(d["model_info"]["id"]) for d in deployments)
+        g.tokenizer = LocalChatTokenizer(engine_model)
+        handler.groups[group] = g
+        for i in range(2):
+            msgs = [{"role": "user", "content": f"question {i}: " + "why is the sky blue? " * 60}]
+            kwargs: dict[str, Any] = {"model": group, "messages": msgs, "litellm_call_id": f"c{i}", "metadata": {}}
+            assert await handler.filter_deployments(group, deployments, msgs, kwargs)
+            assert kwargs["metadata"]["litellm_kv_route"]["fallback"] is None
+
+    asyncio.run(run())
+    assert sample("litellm_kv_routing_stage_seconds_count", stage="tokenize") == 2
+    assert sample("litellm_kv_routing_stage_seconds_count", stage="hash") == 2
+    assert sample("litellm_kv_routing_decision_cpu_seconds_count") == 2
+    cpu = sample("litellm_kv_routing_decision_cpu_seconds_sum")
+    wall = sum(sample("litellm_kv_routing_decision_seconds_sum", tokenizer=t) for t in ("local", "engine", "none"))
+    assert 0 < cpu <= wall + 1e-4
+    stages = sample("litellm_kv_routing_stage_seconds_sum", stage="tokenize") + sample(
+        "litellm_kv_routing_stage_seconds_sum", stage="hash")
+    assert 0 < stages < wall
