@@ -140,7 +140,7 @@ def scrape(proxy: Proxy) -> dict[str, float]:
 
 @dataclass(slots=True)
 class Histogram:
-    """Delta of ``litellm_kv_routing_decision_seconds`` for one group over one cell."""
+    """Delta of one histogram metric for one group over one cell (default: the decision time)."""
 
     bounds: list[float]
     cumulative: list[float]  # per bound, +Inf last
@@ -151,13 +151,15 @@ class Histogram:
 
     @classmethod
     def between(cls, before: dict[str, float], after: dict[str, float], group: str,
-                metric: str = "litellm_kv_routing_decision_seconds") -> Histogram:
+                metric: str = "litellm_kv_routing_decision_seconds", where: str = "") -> Histogram:
+        """``metric``'s observations of ``group`` between two scrapes; ``where``: only samples with this text too
+        (a label, ``stage="tokenize"``)."""
         delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
         buckets: dict[float, float] = {}
         count = total = fallbacks = 0.0
         reasons: dict[str, float] = {}
         for k, v in delta.items():
-            if f'model_group="{group}"' not in k:
+            if f'model_group="{group}"' not in k or where not in k:
                 continue
             if k.startswith(metric + "_bucket"):
                 le = k.split('le="', 1)[1].split('"', 1)[0]
@@ -200,6 +202,10 @@ class Histogram:
                 return lo_bound + (b - lo_bound) * ((rank - lo_count) / max(c - lo_count, 1e-12))
             lo_bound, lo_count = b, c
         return lo_bound
+
+    def mean_s(self) -> float:
+        """Seconds per observation."""
+        return self.total_s / self.count if self.count > 0 else float("nan")
 
     def share_within(self, bound: float) -> float:
         for b, c in zip(self.bounds, self.cumulative, strict=True):
@@ -338,6 +344,9 @@ class CellResult:
     hist: Histogram | None = None  # pooled over the proxies
     per_proxy: list[Histogram] = field(default_factory=list)  # one per proxy, in start order
     lookup: Histogram | None = None  # litellm_kv_index_lookup_seconds (the index round trip, in the decision)
+    tokenize: Histogram | None = None  # litellm_kv_routing_stage_seconds{stage="tokenize"}
+    hash: Histogram | None = None  # litellm_kv_routing_stage_seconds{stage="hash"}
+    cpu: Histogram | None = None  # litellm_kv_routing_decision_cpu_seconds (the event-loop thread's CPU time)
     gc_slow: float = 0.0  # the proxy's garbage-collection pauses over 5 ms during the cell
 
     @property
@@ -392,8 +401,15 @@ async def run_cell(proxies: Sequence[Proxy], engines: list[EngineReplica], promp
         after = [scrape(p) for p in proxies]
         cell.per_proxy = [Histogram.between(b, a, KV) for b, a in zip(before, after, strict=True)]
         cell.hist = Histogram.pool(cell.per_proxy)
-        cell.lookup = Histogram.pool([Histogram.between(b, a, KV, "litellm_kv_index_lookup_seconds")
-                                      for b, a in zip(before, after, strict=True)])
+
+        def pooled(metric: str, where: str = "") -> Histogram:
+            return Histogram.pool([Histogram.between(b, a, KV, metric, where)
+                                   for b, a in zip(before, after, strict=True)])
+
+        cell.lookup = pooled("litellm_kv_index_lookup_seconds")
+        cell.tokenize = pooled("litellm_kv_routing_stage_seconds", 'stage="tokenize"')
+        cell.hash = pooled("litellm_kv_routing_stage_seconds", 'stage="hash"')
+        cell.cpu = pooled("litellm_kv_routing_decision_cpu_seconds")
         cell.gc_slow = sum(gc_pauses_over(b, a, "0.005") for b, a in zip(before, after, strict=True))
 
 
@@ -461,6 +477,15 @@ def _ms(h: Histogram | None, q: float) -> str:
     return "-" if h is None or h.count <= 0 else f"{1000 * h.quantile(q):.2f}"
 
 
+def _mean_ms(h: Histogram | None) -> str:
+    return "-" if h is None or h.count <= 0 else f"{1000 * h.mean_s():.2f}"
+
+
+def _share(part: Histogram | None, whole: Histogram) -> str:
+    """``part``'s total time as a percentage of ``whole``'s (the decisions' CPU time of their wall time)."""
+    return "-" if part is None or part.count <= 0 or whole.total_s <= 0 else f"{100 * part.total_s / whole.total_s:.0f}"
+
+
 def report(results: list[CellResult], args: argparse.Namespace) -> str:
     out = [
         "",
@@ -468,7 +493,8 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
         f"per cell, prompts prefilled on both replicas first, {args.settle_ms:g} ms settle before each request)",
         f"{'mode':<9} {'rep':>3} {'cell':<13} {'tokens':>6}  {'kv p50':>7} {'p95':>7} {'p99':>7}  "
         f"{'dflt p50':>8} {'p95':>7} {'p99':>7}  {'p50 x':>5} {'p95 x':>5} {'Δ ms':>5}  {'engine':>6}  "
-        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'lk p50':>6} {'lk p99':>6} {'fb':>3} {'gc>5ms':>6}",
+        f"{'dec p50':>7} {'dec p99':>7} {'≤5ms':>5} {'lk p50':>6} {'lk p99':>6} {'tok':>5} {'hash':>5} "
+        f"{'cpu':>5} {'cpu %':>5} {'fb':>3} {'gc>5ms':>6}",
     ]
     for c in results:
         h = c.hist
@@ -480,6 +506,7 @@ def report(results: list[CellResult], args: argparse.Namespace) -> str:
             f"{pct(d, .99):7.1f}  {c.ratio_p50:5.2f} {pct(k, .95) / pct(d, .95):5.2f} {c.paired_delta_ms:5.1f}  "
             f"{pct(c.ms['engine'], .5):6.1f}  {1000 * h.quantile(.5):7.2f} {1000 * h.quantile(.99):7.2f} "
             f"{100 * h.share_within(0.005):4.0f}% {_ms(c.lookup, .5):>6} {_ms(c.lookup, .99):>6} "
+            f"{_mean_ms(c.tokenize):>5} {_mean_ms(c.hash):>5} {_mean_ms(c.cpu):>5} {_share(c.cpu, h):>5} "
             f"{h.fallbacks:3.0f} {c.gc_slow:6.0f}"
         )
     out += ["", "Over repeats: median p50 ratio; decision p99 and share within 5 ms over all the cell's decisions "
@@ -561,6 +588,9 @@ def main() -> int:
         Path(args.json).write_text(json.dumps([
             {"mode": c.mode, "repeat": c.repeat, "shape": c.shape, "size": c.size, "tokens": c.tokens, "ms": c.ms,
              "kv_replicas": c.kv_replicas,
+             "mean_ms": {name: 1000 * h.mean_s()
+                         for name, h in (("decision", c.hist), ("lookup", c.lookup), ("tokenize", c.tokenize),
+                                         ("hash", c.hash), ("cpu", c.cpu)) if h is not None and h.count > 0},
              "decision_buckets": dict(zip(map(str, c.hist.bounds), c.hist.cumulative, strict=True)) if c.hist else None,
              "decision_buckets_per_proxy": [dict(zip(map(str, h.bounds), h.cumulative, strict=True))
                                             for h in c.per_proxy]}
