@@ -323,7 +323,7 @@ class CostModel:
         costs: dict[str, float] = {}
         raw: dict[str, float] = {}
         visual: dict[str, tuple[int, float, float]] = {}  # replica -> uncached visual tokens, seconds, extra tokens
-        running_of: dict[str, int] = {}
+        inflight_of: dict[str, int] = {}  # requests queued for prefill or decoding, for the hold's bound
         chunk = tc.chunk_tokens
         for c in candidates:
             r = c.replica
@@ -354,7 +354,8 @@ class CostModel:
             # scrape lags a burst the router has just sent).
             ahead = rt.prefill_overhead_s * max(waiting, c.inflight_prefill_requests) + b * queued
             running = c.inflight_decode if c.engine_running is None else max(c.inflight_decode, c.engine_running)
-            running_of[r] = running
+            inflight_of[r] = max(c.inflight_prefill_requests + c.inflight_decode,
+                                 (c.engine_running or 0) + waiting)
             slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
             base = ahead + own + slow
             raw[r] = base
@@ -377,7 +378,7 @@ class CostModel:
         held: Hold = ""
         chosen = ""
         if tc.hold and demand is not None:
-            held, chosen = self._hold(tc, hits, block_size, hashes, demand, ttft, costs, running_of)
+            held, chosen = self._hold(tc, hits, block_size, hashes, demand, ttft, costs, inflight_of)
         if not chosen and not hits and tc.unique_by_recent_work:
             chosen = self._place_new(tc, candidates, ttft, costs)
         if not chosen:
@@ -410,9 +411,10 @@ class CostModel:
 
     def _hold(self, tc: TtftSettings, hits: dict[str, int], block_size: int, hashes: Sequence[int],
               demand: PrefixDemand, ttft: dict[str, float], costs: dict[str, float],
-              running: dict[str, int]) -> tuple[Hold, str]:
+              inflight: dict[str, int]) -> tuple[Hold, str]:
         """The prefix hold: the cheapest holder of the longest hit while the prefix is not hot and a holder is
-        within the TTFT and running-decode bounds; ``("", "")`` for a request that hits nowhere."""
+        within the TTFT bound and the bound on requests in flight (``inflight``: queued for prefill or decoding,
+        per replica); ``("", "")`` for a request that hits nowhere."""
         longest = max(hits.values(), default=0) // block_size
         if not longest or longest > len(hashes):
             demand.share(None)  # the group's count includes every request
@@ -421,9 +423,9 @@ class CostModel:
         share = demand.share(hashes[longest - 1])
         if share * len(costs) / len(holders) > tc.hold_fair_share:
             return "hot", ""
-        bound = tc.hold_running_ratio * sum(running.values()) / len(running) + tc.hold_running_slack
+        bound = tc.hold_running_ratio * sum(inflight.values()) / len(inflight) + tc.hold_running_slack
         limit = _hold_ttft_bound(tc)
-        keep = {r: costs[r] for r in holders if ttft[r] <= limit and running[r] <= bound}
+        keep = {r: costs[r] for r in holders if ttft[r] <= limit and inflight[r] <= bound}
         if not keep:
             return "busy", ""
         return "held", self._argmin(keep)

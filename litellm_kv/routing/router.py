@@ -45,7 +45,7 @@ PREFIX_HOLD = counter(
     "routing_prefix_hold",
     "TTFT-cost decisions of requests with a predicted hit, by what the prefix hold did (kv.ttft.hold): held (kept "
     "at a replica holding the longest hit), hot (the prefix draws more than its fair share: the cost decided), "
-    "busy (no holder within hold_ttft_s and the running-decode bound: the cost decided).",
+    "busy (no holder within hold_ttft_s and the bound on requests in flight: the cost decided).",
     ["model_group", "outcome"],
 )
 DECISION_SECONDS = histogram(

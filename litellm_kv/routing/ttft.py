@@ -114,8 +114,8 @@ class TtftSettings:
     hold: bool = doc(
         "Prefix hold: a request stays with the replicas holding its longest predicted hit (the cheapest of them) "
         "while its prefix is not hot (hold_fair_share) and such a replica is predicted to answer within hold_ttft_s "
-        "with no more running decodes than hold_running_ratio × the group's mean + hold_running_slack; otherwise the "
-        "lowest cost wins. Groups of users sharing a prompt then stay where it is cached, as SGLang's cache-aware "
+        "with no more requests in flight than hold_running_ratio × the group's mean + hold_running_slack; otherwise "
+        "the lowest cost wins. Groups of users sharing a prompt then stay where it is cached, as SGLang's cache-aware "
         "policy keeps them, while a hot prefix still spreads (docs/routing.md). False: the lowest cost always wins.",
         default=True,
     )
@@ -138,12 +138,13 @@ class TtftSettings:
         "Prefix hold: half-life of the per-prefix and group request counts, seconds.", default=30.0
     )
     hold_running_ratio: float = doc(
-        "Prefix hold: a holder is kept only while its running decodes (the larger of the router's and the engine's "
-        "count) are at most this × the group's mean plus hold_running_slack: sessions do not pile up on one replica.",
+        "Prefix hold: a holder is kept only while its requests in flight, queued for prefill or decoding (the larger "
+        "of the router's count and the engine's running + waiting), are at most this × the group's mean plus "
+        "hold_running_slack: sessions and bursts do not pile up on one replica.",
         default=1.5,
     )
-    hold_running_slack: float = doc("Prefix hold: running decodes allowed above hold_running_ratio × the mean.",
-                                    default=2.0)
+    hold_running_slack: float = doc("Prefix hold: requests in flight allowed above hold_running_ratio × the mean.",
+                                    default=4.0)
     hold_max_prefixes: int = doc(
         "Prefix hold: prefixes counted per group in memory; past this the least recently seen is dropped.",
         default=65536,

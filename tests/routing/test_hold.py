@@ -81,10 +81,10 @@ def test_more_holders_make_a_larger_share_fair() -> None:
 
 def test_a_holder_past_the_bounds_is_not_held() -> None:
     m = _model()
-    # Running decodes: 5 > 1.5 × mean 5/3 + 2 = 4.5; 4 is at the bound 1.5 × 4/3 + 2.
-    d = m.choose(4000, BS, _fleet(holder_running=5), hashes=HASHES, demand=_demand())
+    # Running decodes: 9 > 1.5 × mean 9/3 + 4 = 8.5; 8 is at the bound 1.5 × 8/3 + 4.
+    d = m.choose(4000, BS, _fleet(holder_running=9), hashes=HASHES, demand=_demand())
     assert (d.hold, d.replica == "holder") == ("busy", False)
-    assert m.choose(4000, BS, _fleet(holder_running=4), hashes=HASHES, demand=_demand()).hold == "held"
+    assert m.choose(4000, BS, _fleet(holder_running=8), hashes=HASHES, demand=_demand()).hold == "held"
     # Predicted TTFT over hold_ttft_s: 120K tokens queued ahead of the hit (~5 s at the default rate).
     queued = _fleet()
     queued[0].inflight_prefill_tokens = 120_000
@@ -96,6 +96,25 @@ def test_a_holder_past_the_bounds_is_not_held() -> None:
     d = _model(slo_ttft_s=target).choose(4000, BS, _fleet(), hashes=HASHES, demand=_demand())
     assert (held.hold, d.hold) == ("held", "busy")
 
+
+
+def test_requests_queued_for_prefill_count_against_the_holder_as_decodes_do() -> None:
+    """A burst sent at once is all queued for prefill, nothing decodes yet: the bound on requests in flight still
+    stops the holder taking the whole burst (the router's count, or the engine's running + waiting)."""
+    m = _model()
+    burst = _fleet()
+    burst[0].inflight_prefill_requests, burst[0].inflight_prefill_tokens = 9, 900
+    d = m.choose(4000, BS, burst, hashes=HASHES, demand=_demand())
+    assert (d.hold, d.replica == "holder") == ("busy", False)  # 9 > 1.5 × 9/3 + 4
+    burst[0].inflight_prefill_requests = 8
+    assert m.choose(4000, BS, burst, hashes=HASHES, demand=_demand()).hold == "held"
+    scraped = _fleet()
+    scraped[0].engine_running, scraped[0].engine_waiting = 1, 8
+    assert m.choose(4000, BS, scraped, hashes=HASHES, demand=_demand()).hold == "busy"
+    # Router and engine see the same requests: the larger count is taken, not their sum.
+    both = _fleet()
+    both[0].inflight_prefill_requests, both[0].engine_waiting = 8, 8
+    assert m.choose(4000, BS, both, hashes=HASHES, demand=_demand()).hold == "held"
 
 def test_demand_decays_and_is_bounded() -> None:
     clock = Clock()
