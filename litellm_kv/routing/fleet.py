@@ -23,7 +23,7 @@ from litellm_kv.observability import gauge
 from litellm_kv.routing.gauges import GaugeAging
 from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.ttft import EngineTimings
-from litellm_kv.tasks import spawn_held
+from litellm_kv.tasks import cancel_and_wait, spawn_held
 from litellm_kv.vllm.engine import TIMING_SAMPLES, EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
 
@@ -251,8 +251,7 @@ class Fleet:
             self._task = asyncio.get_running_loop().create_task(self.run(), name=f"litellm-kv-fleet-{self.group}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await cancel_and_wait(self._task, Exception)
         for st in self.replicas.values():
             if st.subscriber is not None:
                 await st.subscriber.stop()

@@ -32,7 +32,7 @@ from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISIONS, STAGE_SECONDS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
-from litellm_kv.tasks import spawn_held
+from litellm_kv.tasks import cancel_and_wait, spawn_held
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import MMFeature
 from litellm_kv.vllm.multimodal import (
@@ -196,8 +196,7 @@ class KVGroup:
 
     async def stop(self) -> None:
         for task in [*self._tasks, self._heartbeat]:
-            if task is not None:
-                task.cancel()
+            await cancel_and_wait(task, Exception)
         if isinstance(self.load, RedisLoadTracker):
             await self.load.close()
         await self.fleet.stop()

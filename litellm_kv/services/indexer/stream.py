@@ -155,6 +155,7 @@ class EventStream:
         self._last_batch = 0.0
         self._rng = random.Random()
         self._task: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[None]] = set()  # runs replaced by a resync, until they have ended
         self._sub: zmq.asyncio.Socket | None = None
         self._labels = (group, replica)
         self._force_next = False
@@ -174,10 +175,20 @@ class EventStream:
 
     def resync(self) -> None:
         """Restart from Redis's position (Redis lost data, or another indexer reset the stream).
-        Cancelling mid-apply is safe: the position is in Redis, whatever the outcome."""
-        if self._task is not None:
-            self._task.cancel()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-stream-{self.stats.stream}")
+        Cancelling mid-apply is safe: the position is in Redis, whatever the outcome. The new run starts once
+        the old one has ended, so two never read the socket at once (a cancellation can be lost: cancel_and_wait
+        sends it again)."""
+        old = self._task
+        if old is not None:
+            self._ending.add(old)
+            old.add_done_callback(self._ending.discard)
+        self._task = asyncio.get_running_loop().create_task(self._run_after_ended(),
+                                                            name=f"kv-stream-{self.stats.stream}")
+
+    async def _run_after_ended(self) -> None:
+        for task in list(self._ending):
+            await cancel_and_wait(task, Exception)
+        await self._run()
 
     async def verify(self) -> None:
         """Resync when Redis is behind what this stream applied (data lost: a restart without
@@ -202,6 +213,8 @@ class EventStream:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task, Exception)
+        for task in list(self._ending):
+            await cancel_and_wait(task, Exception)
         if self._sub is not None:
             self._sub.close(linger=0)
         self._set_connected(False)
