@@ -39,7 +39,10 @@ def run_indexer(args: argparse.Namespace) -> int:
         cfg.port = args.port
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(Indexer(cfg))
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
+    # Requests still open at SIGTERM are waited for a bounded time: the stop (and the leases' release) follows.
+    # uvicorn types the wait as int seconds; it is a wait_for timeout, which takes a float.
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower(),
+                timeout_graceful_shutdown=cfg.shutdown_grace_s)  # type: ignore[arg-type]
     return 0
 
 

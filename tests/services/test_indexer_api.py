@@ -10,11 +10,15 @@ the engine facts a lookup needs (block size, hash algorithm) are set on the repl
 
 from __future__ import annotations
 
+import signal
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -28,6 +32,8 @@ from tools.harness.procs import PYTHON, ROOT, ManagedProcess, free_port
 from tools.harness.redis_server import RedisServer
 
 TOKEN = "indexer-test-token-0123456789"
+# The server's wait for open requests (5 s) and the lifespan's stop, with room for a busy machine.
+SHUTDOWN_BOUND_S = 12.0
 GROUP = "g"
 
 
@@ -163,3 +169,35 @@ def test_indexer_cli_refuses_to_bind_beyond_loopback_without_a_token(tmp_path: P
     proc.stop()
     assert rc == 2
     assert "LITELLM_KV_INDEXER_TOKEN" in proc.log_path.read_text()
+
+
+def test_indexer_sigterm_is_not_held_by_a_client_that_never_finishes_its_request(redis_server: RedisServer,
+                                                                                  tmp_path: Path) -> None:
+    """A client that sends a request's headers and never its body does not keep a stopping indexer alive: the
+    server waits for open requests a bounded time, then the indexer stops and releases its leases."""
+    port = free_port()
+    cfg = tmp_path / "ix.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "redis_url": redis_server.url, "port": port, "assignment": "lease", "indexer_id": "slow-client",
+        "model_groups": {GROUP: {"replicas": [{"api_base": f"http://127.0.0.1:{free_port()}"}]}},
+    }))
+    proc = ManagedProcess("indexer-slow-client", [PYTHON, "-m", "litellm_kv.cli", "indexer", "--config", str(cfg)],
+                          cwd=str(ROOT))
+    try:
+        proc.wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code in (200, 503),
+                        60, "indexer /health")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+            slow.sendall(b"POST /lookup HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"model_group\": ")
+            time.sleep(0.5)  # the request is in the app, waiting for the rest of its body
+            t0 = time.monotonic()
+            proc.signal(signal.SIGTERM)
+            rc = proc.proc.wait(30)
+            took = time.monotonic() - t0
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    # uvicorn ends by raising the signal it caught again: a clean stop exits on SIGTERM.
+    assert rc in (0, -signal.SIGTERM) and took < SHUTDOWN_BOUND_S, (rc, took, log[-2000:])
+    assert "timeout graceful shutdown exceeded" in log, log[-2000:]
+    assert "released 1 leases of g" in log, log[-2000:]

@@ -194,6 +194,11 @@ class IndexerSettings:
         "Longest wait between Redis reconnection attempts (exponential backoff from 0.1 s).", default=5.0
     )
     engine_timeout_s: float = doc("Timeout of HTTP calls to the engines.", default=5.0)
+    shutdown_grace_s: float = doc(
+        "On SIGTERM, how long the HTTP server waits for requests still open (a client slow to send its body, or "
+        "gone silent) before it cancels them and the indexer stops, releasing its leases.",
+        default=5.0,
+    )
     apply_call_blocks: int = doc(
         "Block hashes one Redis apply script call carries at most (several queued batches of a stream go in one "
         "call up to this; a single larger batch goes alone). Larger calls mean fewer round trips and more blocks "
@@ -211,6 +216,8 @@ class IndexerSettings:
             raise ValueError("exactness_sample_rate must be within [0, 1]")
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must exceed heartbeat_interval_s")
+        if not 0 < self.shutdown_grace_s <= 600:
+            raise ValueError(f"shutdown_grace_s is {self.shutdown_grace_s}; use more than 0 and at most 600 seconds")
         if not 1 <= self.apply_call_blocks <= 65536:
             raise ValueError(f"apply_call_blocks is {self.apply_call_blocks}; use 1 to 65536 block hashes per call")
         self._validate_assignment()
