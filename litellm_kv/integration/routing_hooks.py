@@ -240,8 +240,9 @@ class KVRoutingHandler(Handler):
                 "visual_tokens": result.visual_tokens or None,
             }
         await g.begin(result, cid)
+        cpu = time.thread_time() - cpu0
         DECISION_SECONDS.labels(model_group, result.tokenizer).observe(time.perf_counter() - t0)
-        DECISION_CPU_SECONDS.labels(model_group).observe(time.thread_time() - cpu0)
+        DECISION_CPU_SECONDS.labels(model_group).observe(cpu)
         # Shadow mode: the decision is recorded, LiteLLM routes as it would have.
         return None if g.options.shadow else [chosen]
 

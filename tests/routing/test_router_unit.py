@@ -334,7 +334,8 @@ def test_the_group_ages_the_scraped_queue_by_its_own_requests() -> None:
 
 def test_a_decision_times_its_stages_and_its_cpu(engine_model: Path) -> None:
     """Through ``filter_deployments`` with the tiny model's real tokenizer: each decision observes its tokenize and
-    hash stages and the event-loop thread's CPU time, which cannot exceed the decision's wall time."""
+    hash stages and the event-loop thread's CPU time, which cannot exceed the decision's wall time by more than the
+    skew between the two clocks."""
     from prometheus_client import REGISTRY
 
     from litellm_kv.routing.fleet import ReplicaState, replica_id
@@ -374,7 +375,9 @@ def test_a_decision_times_its_stages_and_its_cpu(engine_model: Path) -> None:
     assert sample("litellm_kv_routing_decision_cpu_seconds_count") == 2
     cpu = sample("litellm_kv_routing_decision_cpu_seconds_sum")
     wall = sum(sample("litellm_kv_routing_decision_seconds_sum", tokenizer=t) for t in ("local", "engine", "none"))
-    assert 0 < cpu <= wall + 1e-4
+    # The thread's CPU clock and the wall clock are different kernel clocks; in a VM they drift by a few per cent
+    # (CI measured CPU 5 % above wall), so the bound catches a wrong clock or unit, not a sub-millisecond skew.
+    assert 0 < cpu <= 1.5 * wall + 1e-3
     stages = sample("litellm_kv_routing_stage_seconds_sum", stage="tokenize") + sample(
         "litellm_kv_routing_stage_seconds_sum", stage="hash")
     assert 0 < stages < wall
