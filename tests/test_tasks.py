@@ -111,9 +111,8 @@ async def test_loops_of_real_redis_calls_stop_every_time() -> None:
     """The case that stalled an indexer's shutdown: a loop of Redis calls, cancelled at random moments. A single
     cancel() loses some of them (Python 3.11); cancel_and_wait ends every one."""
     srv = RedisServer(name="redis-tasks")
+    client = aredis.Redis.from_url(srv.url)
     try:
-        client = aredis.Redis.from_url(srv.url)
-
         async def calls() -> None:
             while True:
                 await asyncio.sleep(0.001)
@@ -134,6 +133,6 @@ async def test_loops_of_real_redis_calls_stop_every_time() -> None:
             assert loop.time() - t0 < 1.0
         if sys.version_info < (3, 12):
             assert lost > 0, "no cancellation was lost: the case this guards against did not arise"
-        await client.aclose()
     finally:
+        await client.aclose()
         srv.stop()
