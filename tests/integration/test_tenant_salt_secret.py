@@ -51,9 +51,9 @@ def test_without_tenant_isolation_no_salt_secret_is_needed(monkeypatch: pytest.M
 
 
 @pytest.mark.proxy
-@pytest.mark.parametrize("value", ["", SHIPPED_DEFAULT], ids=["empty", "shipped-default"])
-def test_tenant_isolation_proxy_refuses_to_start_without_a_real_salt_secret(value: str) -> None:
-    """A real proxy process: it does not come up, and its log names the variable."""
+def test_tenant_isolation_proxy_refuses_to_start_without_a_real_salt_secret() -> None:
+    """A real proxy process: it does not come up, and its log names the variable. (Every refused value is
+    checked in process above; one is enough to show the process acts on the check.)"""
     cfg = {
         "model_list": [{"model_name": "t", "litellm_params": {"model": "hosted_vllm/x",
                                                               "api_base": "http://127.0.0.1:9/v1"}}],
@@ -61,4 +61,4 @@ def test_tenant_isolation_proxy_refuses_to_start_without_a_real_salt_secret(valu
         "litellm_kv": {"model_groups": {"t": {"routing": "kv", "kv": {"tenant_isolation": "team"}}}},
     }
     with pytest.raises(RuntimeError, match="LITELLM_KV_SALT_SECRET"):
-        start_proxy(cfg, name=f"salt-{value or 'empty'}", timeout=90, env={"LITELLM_KV_SALT_SECRET": value})
+        start_proxy(cfg, name="salt-default", timeout=90, env={"LITELLM_KV_SALT_SECRET": SHIPPED_DEFAULT})
