@@ -29,7 +29,7 @@ import pytest
 from PIL import Image
 
 from tests.support.image_server import image_server
-from tools.harness.engines import VL_ENGINE_PY, EngineReplica, reset_prefix_caches, start_vl_replica
+from tools.harness.engines import VL_ENGINE_PY, EngineReplica, reset_prefix_caches, start_vl_replicas
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
 pytestmark = [pytest.mark.engine, pytest.mark.proxy]
@@ -83,10 +83,8 @@ def stack() -> Iterator[dict[str, Any]]:
     engines: list[EngineReplica] = []
     proxy: Proxy | None = None
     try:
-        for i in range(REPLICAS):
-            engines.append(start_vl_replica(block_size=BLOCK, name=f"vl-route-{i}", kv_cache_bytes=KV_CACHE,
-                                            extra_args=["--trust-request-mm-kwargs"],
-                                            env={"VLLM_SERVER_DEV_MODE": "1"}))
+        engines = start_vl_replicas(REPLICAS, name_prefix="vl-route-", block_size=BLOCK, kv_cache_bytes=KV_CACHE,
+                                    extra_args=["--trust-request-mm-kwargs"], env={"VLLM_SERVER_DEV_MODE": "1"})
         model_dir = str(engines[0].model_dir)
         capture = Path(tempfile.mkdtemp(prefix="litellm-kv-images-")) / "spend.jsonl"
         vision = {"family": "qwen2_5_vl", "fetch": {"allow_hosts": ["127.0.0.1"]}}

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -295,6 +296,27 @@ def start_vl_replica(
         print(f"[engines] vision-language replica ready in {time.monotonic() - t0:.1f}s: {rep.url}", flush=True)
         return rep
     raise AssertionError("unreachable")
+
+
+def start_vl_replicas(n: int, *, name_prefix: str = "vl", **kwargs: Any) -> list[EngineReplica]:
+    """Start ``n`` vision-language replicas at once (``start_vl_replica``'s arguments; each waits for its own
+    ``/health`` and retries its own start); if any fails, those that started are stopped and the error raised."""
+    if not VL_ENGINE_PY.exists():
+        raise RuntimeError(f"{VL_ENGINE_PY} is missing: run LITELLM_KV_VL_ENGINE=1 scripts/setup.sh")
+    ensure_vl_model()  # built once, before the starts
+    with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+        futures = [pool.submit(start_vl_replica, name=f"{name_prefix}{i}", **kwargs) for i in range(n)]
+        done: list[EngineReplica] = []
+        error: BaseException | None = None
+        for fut in futures:
+            try:
+                done.append(fut.result())
+            except BaseException as exc:
+                error = error or exc
+    if error is not None:
+        stop_replicas(done)
+        raise error
+    return done
 
 
 def reset_prefix_caches(reps: Sequence[EngineReplica], settle_s: float = 0.5) -> None:
