@@ -21,7 +21,7 @@ from tests.integration.test_affinity_proxy import (
     run_conversation,
     start_fleet,
 )
-from tools.harness.proxy import Proxy, start_proxy
+from tools.harness.proxy import Proxy, start_proxies
 from tools.harness.redis_server import RedisServer
 
 pytestmark = [pytest.mark.proxy, pytest.mark.redis]
@@ -51,9 +51,9 @@ def pairs(fleet: Fleet, redis_server: RedisServer) -> Iterator[dict[str, list[Pr
                                        "redis_routing": {"deadline_ms": 500}})
         theirs = builtin_config(fleet)
         theirs["router_settings"].update({"redis_host": "127.0.0.1", "redis_port": redis_server.port})
-        for i in range(2):
-            started["affinity"].append(start_proxy(ours, name=f"litellm-affinity-shared-{i}"))
-            started["builtin"].append(start_proxy(theirs, name=f"litellm-builtin-shared-{i}"))
+        names = [f"litellm-{kind}-shared-{i}" for i in range(2) for kind in ("affinity", "builtin")]
+        a0, b0, a1, b1 = start_proxies([ours, theirs, ours, theirs], names)
+        started = {"affinity": [a0, a1], "builtin": [b0, b1]}
         yield started
     finally:
         for group in started.values():

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.test_routing_e2e import DEFAULT, KV, _config, _metric, _reset
 from tools.harness.engines import EngineReplica
 from tools.harness.indexer import running_indexer
-from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.proxy import MASTER_KEY, Proxy, start_proxies
 from tools.harness.redis_server import RedisServer
 from tools.harness.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
 
@@ -53,8 +53,7 @@ def proxies(engines: list[EngineReplica], engine_model: Any, redis_srv: RedisSer
     cfg["litellm_kv"]["redis_routing"] = {"deadline_ms": 500}
     started: list[Proxy] = []
     try:
-        for name in ("shared-proxy-a", "shared-proxy-b"):
-            started.append(start_proxy(cfg, name=name))
+        started = start_proxies([cfg, cfg], ["shared-proxy-a", "shared-proxy-b"])
         for p in started:
             _wait_ready(p)
         yield started

@@ -6,7 +6,8 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,23 @@ def start_proxy(
             raise
         return Proxy(proc, port, config_path)
     raise AssertionError("unreachable")
+
+
+def start_proxies(configs: Sequence[Mapping[str, Any]], names: Sequence[str], **kwargs: Any) -> list[Proxy]:
+    """Start one proxy per config at once (``start_proxy``'s keyword arguments, the same for each); a proxy's
+    start is mostly LiteLLM's import, so on 2 cores two take about the time of one. If any fails, those that
+    started are stopped and the error raised."""
+    with ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
+        futures = [pool.submit(start_proxy, cfg, name=name, **kwargs) for cfg, name in zip(configs, names, strict=True)]
+        started: list[Proxy] = []
+        error: BaseException | None = None
+        for fut in futures:
+            try:
+                started.append(fut.result())
+            except BaseException as exc:
+                error = error or exc
+    if error is not None:
+        for p in started:
+            p.stop()
+        raise error
+    return started
