@@ -122,8 +122,8 @@ def start_proxy(
 
 
 def start_proxies(configs: Sequence[Mapping[str, Any]], names: Sequence[str], **kwargs: Any) -> list[Proxy]:
-    """Start one proxy per config at once (``start_proxy``'s keyword arguments, the same for each); a proxy's
-    start is mostly LiteLLM's import, so on 2 cores two take about the time of one. If any fails, those that
+    """Start one proxy per config at once (``start_proxy``'s keyword arguments, the same for each): a proxy's
+    start is mostly LiteLLM's import, which overlaps well with another's. If any fails, those that
     started are stopped and the error raised."""
     with ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
         futures = [pool.submit(start_proxy, cfg, name=name, **kwargs) for cfg, name in zip(configs, names, strict=True)]
