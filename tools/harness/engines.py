@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import subprocess
 import tempfile
@@ -32,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_ports
+from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_ports, start_all
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 # The vision-language engine venv (built by ``scripts/test.sh``, or ``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``):
@@ -304,19 +305,8 @@ def start_vl_replicas(n: int, *, name_prefix: str = "vl", **kwargs: Any) -> list
     if not VL_ENGINE_PY.exists():
         raise RuntimeError(f"{VL_ENGINE_PY} is missing: run LITELLM_KV_VL_ENGINE=1 scripts/setup.sh")
     ensure_vl_model()  # built once, before the starts
-    with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
-        futures = [pool.submit(start_vl_replica, name=f"{name_prefix}{i}", **kwargs) for i in range(n)]
-        done: list[EngineReplica] = []
-        error: BaseException | None = None
-        for fut in futures:
-            try:
-                done.append(fut.result())
-            except BaseException as exc:
-                error = error or exc
-    if error is not None:
-        stop_replicas(done)
-        raise error
-    return done
+    starts = [functools.partial(start_vl_replica, name=f"{name_prefix}{i}", **kwargs) for i in range(n)]
+    return start_all(starts, stop=EngineReplica.stop)
 
 
 def reset_prefix_caches(reps: Sequence[EngineReplica], settle_s: float = 0.5) -> None:

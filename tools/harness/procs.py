@@ -10,12 +10,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / ".artifacts"
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -119,3 +123,22 @@ class ManagedProcess:
 
 
 PYTHON = sys.executable
+
+
+def start_all(starts: Sequence[Callable[[], T]], stop: Callable[[T], None]) -> list[T]:
+    """Run every start at once, each in its own thread, and return what they started, in order. If any
+    start fails, what the others started is stopped and the first error raised."""
+    started: list[T] = []
+    error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=max(1, len(starts))) as pool:
+        for fut in [pool.submit(start) for start in starts]:
+            try:
+                started.append(fut.result())
+            except BaseException as exc:
+                error = error or exc
+    if error is not None:
+        for item in started:
+            with contextlib.suppress(Exception):
+                stop(item)
+        raise error
+    return started

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from tools.harness.procs import ROOT, ManagedProcess, free_port
+from tools.harness.procs import ROOT, ManagedProcess, free_port, start_all
 
 MASTER_KEY = "sk-litellm-kv-test-master"
 
@@ -125,17 +125,6 @@ def start_proxies(configs: Sequence[Mapping[str, Any]], names: Sequence[str], **
     """Start one proxy per config at once (``start_proxy``'s keyword arguments, the same for each): a proxy's
     start is mostly LiteLLM's import, which overlaps well with another's. If any fails, those that
     started are stopped and the error raised."""
-    with ThreadPoolExecutor(max_workers=max(1, len(configs))) as pool:
-        futures = [pool.submit(start_proxy, cfg, name=name, **kwargs) for cfg, name in zip(configs, names, strict=True)]
-        started: list[Proxy] = []
-        error: BaseException | None = None
-        for fut in futures:
-            try:
-                started.append(fut.result())
-            except BaseException as exc:
-                error = error or exc
-    if error is not None:
-        for p in started:
-            p.stop()
-        raise error
-    return started
+    starts = [functools.partial(start_proxy, cfg, name=name, **kwargs)
+              for cfg, name in zip(configs, names, strict=True)]
+    return start_all(starts, stop=Proxy.stop)
