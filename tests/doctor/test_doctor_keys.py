@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from tools.harness.database import db_env, unavailable
 from tools.harness.procs import ROOT, free_port
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
@@ -27,7 +28,6 @@ pytestmark = [pytest.mark.proxy, pytest.mark.slow]
 DB_TOOLS = ROOT.parent / "shared" / "tools" / "litellm-db"
 if not DB_TOOLS.exists():
     DB_TOOLS = Path("/work/shared/tools/litellm-db")
-DB_HOME = Path(os.environ.get("LITELLM_DB_HOME", Path.home() / ".cache" / "litellm-db"))
 GROUP = "thinker"
 CONFIG: dict[str, Any] = {
     "model_list": [{"model_name": GROUP, "litellm_params": {"model": "hosted_vllm/tiny",
@@ -38,8 +38,8 @@ CONFIG: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def db_proxy() -> Iterator[tuple[Proxy, str]]:
-    if not (DB_TOOLS / "pg.sh").exists() or not (DB_HOME / "query-engine.mjs").exists():
-        pytest.skip("the real database path is not set up here (bash ../shared/tools/litellm-db/setup.sh .venv)")
+    if not (DB_TOOLS / "pg.sh").exists() or (why := unavailable()) is not None:
+        pytest.skip(f"the real database path is not set up here: {why or f'{DB_TOOLS}/pg.sh is missing'}")
     run = Path(tempfile.mkdtemp(prefix="doctor-pg-"))
     out = subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "start", str(run), str(free_port())], check=True,
                          capture_output=True, text=True, timeout=120).stdout
@@ -48,10 +48,7 @@ def db_proxy() -> Iterator[tuple[Proxy, str]]:
     try:
         subprocess.run(["bash", str(DB_TOOLS / "migrate.sh"), str(ROOT / ".venv"), db], check=True,
                        capture_output=True, timeout=600)
-        env = {"DATABASE_URL": db, "PRISMA_QUERY_ENGINE_BINARY": str(DB_HOME / "query-engine.mjs"),
-               "PRISMA_SCHEMA_ENGINE_BINARY": str(DB_HOME / "schema-engine"),
-               "PRISMA_ENGINES_CHECKSUM_IGNORE_MISSING": "1", "PRISMA_HIDE_UPDATE_MESSAGE": "1",
-               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        env = {**db_env(), "DATABASE_URL": db, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         cfg = {k: v for k, v in CONFIG.items() if k != "litellm_kv"}
         cfg["general_settings"] = {"master_key": MASTER_KEY, "database_url": db}
         proxy = start_proxy(cfg, name="doctor-db-proxy", env=env, timeout=240)

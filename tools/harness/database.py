@@ -35,15 +35,22 @@ def unavailable() -> str | None:
         return "psql or node missing (scripts/setup.sh installs them)"
     if not (DB_HOME / "node_modules" / "@prisma" / "query-engine-wasm").is_dir():
         return f"the query-engine stand-in is not set up in {DB_HOME} (scripts/setup.sh)"
-    venv = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv"))
-    if not (venv / ".litellm-db-generated").exists():
-        return "prisma generate has not run for this venv (scripts/setup.sh)"
+    if not (client_dir() / ".generated").exists():
+        return f"prisma generate has not run into {client_dir()} (scripts/setup.sh)"
     return None
 
 
+def client_dir() -> Path:
+    """Where ``tools/litellm_db/setup.sh`` generated LiteLLM's Prisma client: on ``PYTHONPATH`` only for the
+    processes that use a database, since its generated types make every LiteLLM start that imports them slower."""
+    return Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "litellm-db-client"
+
+
 def db_env() -> dict[str, str]:
-    """What ``tools/litellm_db/env.sh`` exports: prisma-client-py pointed at the stand-in."""
+    """What ``tools/litellm_db/env.sh`` exports: the generated client first on the path, prisma-client-py pointed at
+    the stand-in."""
     return {
+        "PYTHONPATH": os.pathsep.join([str(client_dir()), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "PRISMA_QUERY_ENGINE_BINARY": str(DB_HOME / "query-engine.mjs"),
         "PRISMA_SCHEMA_ENGINE_BINARY": str(DB_HOME / "schema-engine"),
         "PRISMA_ENGINES_CHECKSUM_IGNORE_MISSING": "1",
