@@ -37,5 +37,8 @@ def test_a_stop_that_fails_does_not_hide_the_start_error() -> None:
     def stop(_: str) -> None:
         raise OSError("already gone")
 
+    def never_ready() -> str:
+        raise TimeoutError("not ready")
+
     with pytest.raises(TimeoutError, match="not ready"):
-        start_all([lambda: "a", lambda: (_ for _ in ()).throw(TimeoutError("not ready"))], stop=stop)
+        start_all([lambda: "a", never_ready], stop=stop)
