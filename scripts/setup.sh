@@ -66,7 +66,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.stamp 2>/dev/null)" != "$want" ]
 fi
 
 # LiteLLM's database path without Prisma's downloaded engine: Prisma's wasm query engine from npm, then
-# `prisma generate` for LiteLLM's schema in .venv (idempotent; see tools/litellm_db/README.md).
+# `prisma generate` for LiteLLM's schema into .venv/litellm-db-client (idempotent; see tools/litellm_db/README.md).
 log "litellm-db (PostgreSQL test path)"
 bash tools/litellm_db/setup.sh .venv >&2
 
