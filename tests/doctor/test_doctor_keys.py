@@ -1,16 +1,13 @@
 """``litellm-kv doctor --key``: a virtual key's litellm-kv metadata, read from a real LiteLLM proxy on a real
-PostgreSQL (``../shared/tools/litellm-db``: LiteLLM's own ``/key/generate``, ``/team/new``, ``/key/info``,
+PostgreSQL (``tools.harness.database``: LiteLLM's own ``/key/generate``, ``/team/new``, ``/key/info``,
 ``/team/info``), resolved against the config with the proxy's own policy resolvers."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,15 +16,12 @@ import httpx
 import pytest
 import yaml
 
-from tools.harness.database import db_env, unavailable
-from tools.harness.procs import ROOT, free_port
-from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
+from tools.harness.database import Postgres, start_db_proxy, unavailable
+from tools.harness.procs import ROOT
+from tools.harness.proxy import MASTER_KEY, Proxy
 
 pytestmark = [pytest.mark.proxy, pytest.mark.slow]
 
-DB_TOOLS = ROOT.parent / "shared" / "tools" / "litellm-db"
-if not DB_TOOLS.exists():
-    DB_TOOLS = Path("/work/shared/tools/litellm-db")
 GROUP = "thinker"
 CONFIG: dict[str, Any] = {
     "model_list": [{"model_name": GROUP, "litellm_params": {"model": "hosted_vllm/tiny",
@@ -38,30 +32,18 @@ CONFIG: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def db_proxy() -> Iterator[tuple[Proxy, str]]:
-    if not (DB_TOOLS / "pg.sh").exists() or (why := unavailable()) is not None:
-        pytest.skip(f"the real database path is not set up here: {why or f'{DB_TOOLS}/pg.sh is missing'}")
-    run = Path(tempfile.mkdtemp(prefix="doctor-pg-"))
-    out = subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "start", str(run), str(free_port())], check=True,
-                         capture_output=True, text=True, timeout=120).stdout
-    db = next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("DATABASE_URL="))
+    if (why := unavailable()) is not None:
+        pytest.skip(f"the real database path is not set up here: {why}")
+    db = Postgres()
     proxy = None
     try:
-        subprocess.run(["bash", str(DB_TOOLS / "migrate.sh"), str(ROOT / ".venv"), db], check=True,
-                       capture_output=True, timeout=600)
-        env = {**db_env(), "DATABASE_URL": db, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         cfg = {k: v for k, v in CONFIG.items() if k != "litellm_kv"}
-        cfg["general_settings"] = {"master_key": MASTER_KEY, "database_url": db}
-        proxy = start_proxy(cfg, name="doctor-db-proxy", env=env, timeout=240)
-        deadline = time.monotonic() + 120
-        while '"db":"connected"' not in httpx.get(f"{proxy.url}/health/readiness", timeout=10).text.replace(" ", ""):
-            assert time.monotonic() < deadline, "the proxy never connected to its database"
-            time.sleep(0.5)
-        yield proxy, db
+        proxy = start_db_proxy(cfg, db, name="doctor-db-proxy", timeout=240)
+        yield proxy, db.url
     finally:
         if proxy is not None:
             proxy.stop()
-        subprocess.run(["bash", str(DB_TOOLS / "pg.sh"), "stop", str(run)], check=False, timeout=60)
-        shutil.rmtree(run, ignore_errors=True)
+        db.stop()
 
 
 def _admin(proxy: Proxy, path: str, body: dict[str, Any]) -> dict[str, Any]:
