@@ -84,6 +84,9 @@ TOKENS_CHARGED = counter(
     ["model_group", "source"],
 )
 REJECTED = counter("vision_rejections", "Requests rejected by a vision limit or bad image.", ["model_group", "limit"])
+INVALID_METADATA = counter(
+    "vision_invalid_metadata", "Requests with malformed vision settings in key/team metadata.", ["action"]
+)
 DOWNSCALED = counter(
     "vision_downscales", "Requests sent with a lower mm_processor_kwargs.max_pixels to fit a limit.",
     ["model_group", "limit"],
@@ -124,7 +127,9 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
             return resolve_policy(key, team, config, key_scope=key_scope, team_scope=team_scope)
         except MetadataError:
             if gs.invalid_metadata == "reject":
+                INVALID_METADATA.labels("reject").inc()
                 raise
+            INVALID_METADATA.labels("ignore").inc()
             log.warning("litellm-kv: ignoring malformed vision metadata of %s", req.caller.key_label, exc_info=True)
             empty = PolicyLayer(req.caller.key_label, "metadata", {}, True)
             return resolve_policy(empty, None, self.config_layer(req), key_scope=self.key_scope(req), team_scope=None)

@@ -70,6 +70,8 @@ def stack() -> Iterator[dict[str, Any]]:
                                                               "api_base": counted_url + "/v1", **prices}},
             {"model_name": "o-mini", "litellm_params": {"model": "openai/fake-model",
                                                         "api_base": reported_url + "/v1", "api_key": "x", **prices}},
+            {"model_name": "qwen-lenient", "litellm_params": {"model": "hosted_vllm/fake-model",
+                                                              "api_base": reported_url + "/v1", **prices}},
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler",
                                            "tests.support.spend_capture.capture"]},
@@ -79,6 +81,7 @@ def stack() -> Iterator[dict[str, Any]]:
                                            "tokenizer": str(DEEPSEEK_TOKENIZER),
                                            "completion_includes_reasoning": False}},
             "o-mini": {"reasoning": {"style": "openai"}},
+            "qwen-lenient": {"reasoning": {"style": "vllm", "max_budget": 7, "invalid_metadata": "ignore"}},
         }},
     }
     proxy = start_proxy(config, name="litellm-reasoning", keys=KEYS,
@@ -294,8 +297,33 @@ def test_openai_style_maps_budget_to_effort(stack: dict[str, Any]) -> None:
     ("sk-badjson", "metadata.litellm_kv is not valid JSON"),
 ])
 def test_malformed_metadata_is_a_clear_400(stack: dict[str, Any], key: str, field: str) -> None:
+    before = _invalid_metadata_counts(stack["proxy"])
     r = _chat(stack["proxy"], key)
     assert r.status_code == 400, r.text
     msg = r.json()["error"]["message"]
     alias = KEYS[key]["key_alias"]
     assert msg.startswith(f"key '{alias}': ") and field in msg
+    assert _invalid_metadata_counts(stack["proxy"]) == {**before, "reject": before["reject"] + 1}
+
+
+def _invalid_metadata_counts(proxy: Proxy) -> dict[str, float]:
+    text = httpx.get(proxy.url + "/litellm-kv/metrics", headers=proxy.headers(), timeout=10).text
+    counts = {"reject": 0.0, "ignore": 0.0}
+    for line in text.splitlines():
+        for action in counts:
+            if line.startswith(f'litellm_kv_reasoning_invalid_metadata_total{{action="{action}"}}'):
+                counts[action] = float(line.rpartition(" ")[2])
+    return counts
+
+
+@pytest.mark.parametrize("key", ["sk-bad", "sk-badjson"])
+def test_ignored_malformed_metadata_leaves_the_config_limits(stack: dict[str, Any], key: str) -> None:
+    """``invalid_metadata: ignore``: the key's broken section is dropped (and counted), the group's own limit holds."""
+    before = _invalid_metadata_counts(stack["proxy"])
+    r = _chat(stack["proxy"], key, model="qwen-lenient", extra_body={"thinking_token_budget": 400})
+    assert r.status_code == 200, r.text
+    assert _last_upstream(stack["reported"])["thinking_token_budget"] == 7
+    assert r.headers["x-litellm-kv-reasoning-clamped"] == (
+        "requested=400; budget=7; limit=max_budget; source=config model_groups.qwen-lenient.reasoning"
+    )
+    assert _invalid_metadata_counts(stack["proxy"]) == {**before, "ignore": before["ignore"] + 1}

@@ -80,6 +80,8 @@ def stack() -> Iterator[dict[str, Any]]:
                                                                 "api_base": engine_url + "/v1", **prices}},
             {"model_name": "gpt-vision", "litellm_params": {"model": "openai/fake-model", "api_key": "x",
                                                             "api_base": plain_url + "/v1", **prices}},
+            {"model_name": "qwen-vl-lenient", "litellm_params": {"model": "hosted_vllm/fake-model",
+                                                                 "api_base": plain_url + "/v1", **prices}},
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler",
                                            "tests.support.spend_capture.capture"]},
@@ -91,6 +93,8 @@ def stack() -> Iterator[dict[str, Any]]:
             "qwen-vl-engine": {"vision": {"family": "qwen2_5_vl"}},
             "gpt-vision": {"vision": {"family": "openai", "prompt_includes_images": False,
                                       "max_visual_tokens_per_request": 500, "over_limit": "downscale"}},
+            "qwen-vl-lenient": {"vision": {"family": "qwen2_5_vl", "prompt_includes_images": False,
+                                           "max_images_per_request": 1, "invalid_metadata": "ignore"}},
         }},
     }
     proxy = start_proxy(config, name="litellm-vision", keys=KEYS,
@@ -304,10 +308,33 @@ def test_period_budget_spent_is_429_with_reset(stack: dict[str, Any]) -> None:
     assert text.status_code == 200
 
 
+def _invalid_metadata_counts(proxy: Proxy) -> dict[str, float]:
+    text = httpx.get(proxy.url + "/litellm-kv/metrics", headers=proxy.headers(), timeout=10).text
+    counts = {"reject": 0.0, "ignore": 0.0}
+    for line in text.splitlines():
+        for action in counts:
+            if line.startswith(f'litellm_kv_vision_invalid_metadata_total{{action="{action}"}}'):
+                counts[action] = float(line.rpartition(" ")[2])
+    return counts
+
+
 def test_malformed_metadata_names_the_field(stack: dict[str, Any]) -> None:
+    before = _invalid_metadata_counts(stack["proxy"])
     r = chat(stack["proxy"], "sk-bad", [image_part(data_url(png(8, 8)))])
     assert r.status_code == 400
     assert "key 'broken': metadata.litellm_kv.vision.max_images_per_request must be an integer" in error_of(r)
+    assert _invalid_metadata_counts(stack["proxy"]) == {**before, "reject": before["reject"] + 1}
+
+
+def test_ignored_malformed_metadata_leaves_the_config_limits(stack: dict[str, Any]) -> None:
+    """``invalid_metadata: ignore``: the key's broken section is dropped (and counted), the group's own limit holds."""
+    before = _invalid_metadata_counts(stack["proxy"])
+    one = chat(stack["proxy"], "sk-bad", [image_part(data_url(png(8, 8)))], model="qwen-vl-lenient")
+    assert one.status_code == 200, one.text
+    two = chat(stack["proxy"], "sk-bad", [image_part(data_url(png(8, 8)))] * 2, model="qwen-vl-lenient")
+    assert two.status_code == 400
+    assert "limit is 1 images per request" in error_of(two) and "config model_groups.qwen-vl-lenient" in error_of(two)
+    assert _invalid_metadata_counts(stack["proxy"]) == {**before, "ignore": before["ignore"] + 2}
 
 
 # -- bad input: one documented error per class -----------------------------------------------------
