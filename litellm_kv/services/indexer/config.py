@@ -172,7 +172,7 @@ class IndexerSettings:
     exactness_sample_rate: float = doc(
         "Fraction of BlockStored events whose hash chain is recomputed from their token ids and compared "
         "with the engine's hashes (0 disables, 1 checks every event). A mismatch marks the replica not "
-        "exact on /health, in litellm_kv_indexer_exactness_mismatches_total and in the log.",
+        "exact on /health, in litellm_kv_exactness_mismatches_total and in the log.",
         default=0.1,
     )
     heartbeat_interval_s: float = doc(
