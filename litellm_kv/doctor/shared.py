@@ -22,7 +22,7 @@ async def check_redis(plan: DeploymentPlan, report: Report, *, timeout_s: float)
     if redis is None:
         if shared:
             report.add("redis.configured", "redis", Status.ERROR, "mode: shared but no Redis configured",
-                       "set litellm_kv.redis (or redis_url, or LITELLM_KV_REDIS_URL)")
+                       "set litellm_kv.redis (or redis_url, LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
         return
     url = _describe(redis)
     index = RedisIndex(redis, socket_timeout_s=timeout_s, auto_sweep=False)

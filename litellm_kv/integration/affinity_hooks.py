@@ -135,7 +135,8 @@ class AffinityHandler(Handler):
         if kind == "auto":
             kind = "redis" if self.settings.mode == "shared" or redis is not None else "memory"
         if kind == "redis" and redis is None:
-            raise ConfigError("affinity store 'redis' needs litellm_kv.redis or redis_url (or LITELLM_KV_REDIS_URL)")
+            raise ConfigError("affinity store 'redis' needs a Redis: litellm_kv.redis or redis_url (or "
+                              "LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
         name = f"{kind}:{opts.redis_timeout_seconds}" if kind == "redis" else "memory"
         store = self._stores.get(name)
         if store is None:

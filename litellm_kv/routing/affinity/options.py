@@ -72,7 +72,8 @@ class AffinitySettings:
     )
     store: Literal["auto", "memory", "redis"] = doc(
         "Where pins live: 'memory' (this process), 'redis' (shared by every proxy), 'auto' (redis when "
-        "litellm_kv.mode is 'shared' or a redis_url is configured).",
+        "litellm_kv.mode is 'shared' or any Redis is configured: litellm_kv.redis, redis_url, "
+        "LITELLM_KV_REDIS_URL or LiteLLM's cache Redis).",
         default="auto",
     )
     key_prefix: str = doc("Prefix of the Redis keys of pins.", default="litellm_kv:affinity")
