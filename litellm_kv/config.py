@@ -34,6 +34,8 @@ T = TypeVar("T")
 log = logging.getLogger("litellm_kv")
 
 CONFIG_ENV = "LITELLM_KV_CONFIG"
+#: Where a Redis can be configured, for the messages that ask for one (the order of :meth:`Settings.redis_for`).
+REDIS_SOURCES = "litellm_kv.redis or redis_url (or LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)"
 
 #: The prefix of a value LiteLLM reads from the environment (``redis_url: os.environ/REDIS_URL``).
 ENV_REF_PREFIX = "os.environ/"

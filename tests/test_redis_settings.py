@@ -4,13 +4,27 @@ and that every form reaches a real server through the one factory."""
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from litellm_kv.config import RedisSentinelSettings, RedisSettings, Settings, load_settings, parse_section
+from litellm_kv.config import (
+    REDIS_SOURCES,
+    RedisSentinelSettings,
+    RedisSettings,
+    Settings,
+    load_settings,
+    parse_section,
+)
+from litellm_kv.doctor.deployment import DeploymentPlan
+from litellm_kv.doctor.report import Report, Status
+from litellm_kv.doctor.shared import check_redis
 from litellm_kv.errors import ConfigError
+from litellm_kv.integration.affinity_hooks import AffinityHandler
+from litellm_kv.integration.routing_hooks import KVRoutingHandler
 from litellm_kv.redis_client import RedisUse, connect, describe
 from litellm_kv.services.indexer.config import IndexerSettings
 from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
@@ -102,6 +116,25 @@ def test_litellm_cache_redis_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("REDIS_CLUSTER_NODES", "[not json")
     with pytest.raises(ConfigError, match="REDIS_CLUSTER_NODES is not JSON"):
         cache({})
+
+
+async def test_without_any_redis_each_user_names_every_place_to_set_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Shared mode, an affinity store 'redis' and the doctor, with no Redis anywhere (LiteLLM's cache included)."""
+    shared = _load(tmp_path, {"litellm_kv": {"mode": "shared", "model_groups": {"g": {"routing": "kv"}}}})
+    assert shared.redis_for() is None
+    with pytest.raises(RuntimeError, match=re.escape(f"shared needs a Redis: {REDIS_SOURCES}")):
+        await KVRoutingHandler(shared, deployments=list).startup()
+    report = Report()
+    await check_redis(DeploymentPlan(tmp_path / "config.yaml", shared, [], []), report, timeout_s=1)
+    [finding] = report.findings
+    assert (finding.check, finding.status) == ("redis.configured", Status.ERROR)
+    assert finding.fix == f"set {REDIS_SOURCES}"
+    pinned = _load(tmp_path, {"litellm_kv": {"model_groups": {"g": {"routing": "affinity",
+                                                                    "affinity": {"store": "redis"}}}}})
+    with caplog.at_level(logging.ERROR, logger="litellm_kv"):
+        assert AffinityHandler(pinned).router("g") is None  # affinity off for the group; LiteLLM routes
+    assert f"affinity store 'redis' needs a Redis: {REDIS_SOURCES}" in caplog.text
 
 
 def test_describe_hides_credentials() -> None:

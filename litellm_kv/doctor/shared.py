@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from redis.exceptions import RedisError
 
-from litellm_kv.config import RedisSettings
+from litellm_kv.config import REDIS_SOURCES, RedisSettings
 from litellm_kv.doctor.deployment import DeploymentPlan
 from litellm_kv.doctor.report import Report, Status
 from litellm_kv.index.redis import RedisIndex
@@ -22,7 +22,7 @@ async def check_redis(plan: DeploymentPlan, report: Report, *, timeout_s: float)
     if redis is None:
         if shared:
             report.add("redis.configured", "redis", Status.ERROR, "mode: shared but no Redis configured",
-                       "set litellm_kv.redis (or redis_url, LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
+                       f"set {REDIS_SOURCES}")
         return
     url = _describe(redis)
     index = RedisIndex(redis, socket_timeout_s=timeout_s, auto_sweep=False)

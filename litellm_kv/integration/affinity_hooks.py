@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section
+from litellm_kv.config import REDIS_SOURCES, ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.litellm_data import (
@@ -135,8 +135,7 @@ class AffinityHandler(Handler):
         if kind == "auto":
             kind = "redis" if self.settings.mode == "shared" or redis is not None else "memory"
         if kind == "redis" and redis is None:
-            raise ConfigError("affinity store 'redis' needs a Redis: litellm_kv.redis or redis_url (or "
-                              "LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
+            raise ConfigError(f"affinity store 'redis' needs a Redis: {REDIS_SOURCES}")
         name = f"{kind}:{opts.redis_timeout_seconds}" if kind == "redis" else "memory"
         store = self._stores.get(name)
         if store is None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section, salt_secret
+from litellm_kv.config import REDIS_SOURCES, ModelGroupSettings, Settings, parse_section, salt_secret
 from litellm_kv.errors import PolicyViolation
 from litellm_kv.governance.images import ImageError, content_parts, drop_part_uuids, find_media, part_kind
 from litellm_kv.index.base import KVIndex
@@ -145,8 +145,7 @@ class KVRoutingHandler(Handler):
         else:
             redis = self.settings.redis_for("index")
             if redis is None:
-                raise RuntimeError("litellm_kv.mode: shared needs a Redis: litellm_kv.redis or redis_url (or "
-                                   "LITELLM_KV_REDIS_URL, or LiteLLM's cache Redis)")
+                raise RuntimeError(f"litellm_kv.mode: shared needs a Redis: {REDIS_SOURCES}")
             from litellm_kv.index.redis import RedisIndex
             from litellm_kv.redis_client import RedisGuard, RedisUse
 
