@@ -302,7 +302,8 @@ def test_print_comparison() -> None:
 
 
 def print_comparison() -> None:
-    """Print (and save) every scenario recorded in this test run; ours must cache at least as well."""
+    """Print (and save) every scenario recorded in this test run. Over the scenarios both routers ran, ours must
+    cache at least as well in sum (per scenario LiteLLM's random choice can be luckier once: see docs/affinity.md)."""
     if not COMPARISON:
         pytest.skip("no scenario ran")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -314,7 +315,9 @@ def print_comparison() -> None:
             label = "litellm-kv" if kind == "affinity" else "LiteLLM prompt_caching"
             print(f"{scenario:42} {label:24} {row['switches']:>8} {row['distinct_deployments']:>8} "
                   f"{row['cached_ratio']:>7.3f} {row['errors']:>6}")
-    ours = [k["affinity"]["cached_ratio"] for k in COMPARISON.values() if "affinity" in k]
-    theirs = [k["builtin"]["cached_ratio"] for k in COMPARISON.values() if "builtin" in k]
-    if ours and theirs:
-        assert sum(ours) >= sum(theirs)
+    both = {scenario: kinds for scenario, kinds in COMPARISON.items() if set(kinds) == set(KINDS)}
+    if not both:
+        pytest.skip("no scenario ran with both routers (run the whole module)")
+    ours = sum(kinds["affinity"]["cached_ratio"] for kinds in both.values())
+    theirs = sum(kinds["builtin"]["cached_ratio"] for kinds in both.values())
+    assert ours >= theirs, both
