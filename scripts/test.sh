@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite includes the tests on a real vision-language engine (tests/vllm/test_vl_engine.py): its venv is
 # built here, not for the demo (~3 min and 6.3 GB the first time; LITELLM_KV_VL_ENGINE=0 leaves it out and
-# those tests then skip, saying why).
-LITELLM_KV_VL_ENGINE="${LITELLM_KV_VL_ENGINE:-1}" bash scripts/setup.sh
+# those tests then skip, saying why; with it, the default, pytest sees it too and a missing venv fails them).
+export LITELLM_KV_VL_ENGINE="${LITELLM_KV_VL_ENGINE:-1}"
+bash scripts/setup.sh
 echo "[test] ruff"; .venv/bin/ruff check --no-cache litellm_kv tests tools benchmarks
 echo "[test] mypy"; .venv/bin/mypy
 echo "[test] pytest"

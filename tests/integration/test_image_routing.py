@@ -1,6 +1,7 @@
-"""Image requests routed by cache, end to end: a real ``litellm`` proxy with litellm-kv (embedded index) in front
-of three real vLLM CPU replicas of the tiny Qwen2.5-VL model (``.venv-engine-vl``; without it these tests skip
-and say so), each with a 6 MiB KV cache (192 blocks of 32 tokens).
+"""Image requests routed by cache, end to end: a real ``litellm`` proxy with litellm-kv (embedded index) in front of
+three real vLLM CPU replicas of the tiny Qwen2.5-VL model (``.venv-engine-vl``; without it these tests skip and say
+so, or fail in scripts/test.sh's run: tests/support/vl_engine.py), each with a 6 MiB KV cache (192 blocks of 32
+tokens).
 
 The vision count (``model_groups.<g>.vision``) gives every image its identifier (a digest of its bytes, sent
 to the engine as the part's ``uuid``) and its visual tokens; routing expands each placeholder to that count
@@ -29,7 +30,8 @@ import pytest
 from PIL import Image
 
 from tests.support.image_server import image_server
-from tools.harness.engines import VL_ENGINE_PY, EngineReplica, reset_prefix_caches, start_vl_replicas
+from tests.support.vl_engine import require_vl_engine
+from tools.harness.engines import EngineReplica, reset_prefix_caches, start_vl_replicas
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
 pytestmark = [pytest.mark.engine, pytest.mark.proxy]
@@ -78,8 +80,7 @@ def files() -> Iterator[tuple[str, dict[str, bytes]]]:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[dict[str, Any]]:
-    if not VL_ENGINE_PY.exists():
-        pytest.skip(f"{VL_ENGINE_PY} is missing (built by scripts/test.sh or LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
+    require_vl_engine()
     engines: list[EngineReplica] = []
     proxy: Proxy | None = None
     try:

@@ -1,7 +1,8 @@
-"""Image requests routed by cache on an engine started with ``--mm-processor-kwargs``: a real ``litellm`` proxy
-with litellm-kv (embedded index) in front of one real vLLM CPU replica of the tiny Qwen2.5-VL model
-(``.venv-engine-vl``; without it these tests skip and say so), 6 MiB KV cache, started with an engine-level
-``max_pixels`` smaller than most images sent, so the engine's visual-token counts are not the model default's.
+"""Image requests routed by cache on an engine started with ``--mm-processor-kwargs``: a real ``litellm`` proxy with
+litellm-kv (embedded index) in front of one real vLLM CPU replica of the tiny Qwen2.5-VL model (``.venv-engine-
+vl``; without it these tests skip and say so, or fail in scripts/test.sh's run: tests/support/vl_engine.py), 6 MiB
+KV cache, started with an engine-level ``max_pixels`` smaller than most images sent, so the engine's visual-token
+counts are not the model default's.
 
 vLLM merges engine-level processor kwargs only when it calls the HF processor, not into an image's hash
 factors (docs/hashing.md, "Engine-level processor kwargs"): the identifier stays the part's uuid verbatim and
@@ -29,7 +30,8 @@ from litellm_kv.governance.vision import QWEN_GRIDS, visual_tokens
 from litellm_kv.routing.group import IMAGE_MISMATCH_LIMIT
 from tests.integration.test_image_routing import HEADERS, chat, delta, explain, inline, png, text, until_indexed
 from tests.support.image_server import image_server
-from tools.harness.engines import VL_ENGINE_PY, EngineReplica, reset_prefix_caches, start_vl_replica
+from tests.support.vl_engine import require_vl_engine
+from tools.harness.engines import EngineReplica, reset_prefix_caches, start_vl_replica
 from tools.harness.proxy import Proxy, start_proxy
 
 pytestmark = [pytest.mark.engine, pytest.mark.proxy]
@@ -47,8 +49,7 @@ Probe = tuple[list[dict[str, Any]], dict[str, Any], list[tuple[int, int]]]
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[dict[str, Any]]:
-    if not VL_ENGINE_PY.exists():
-        pytest.skip(f"{VL_ENGINE_PY} is missing (built by scripts/test.sh or LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
+    require_vl_engine()
     served: dict[str, bytes] = {}
     engine: EngineReplica | None = None
     proxy: Proxy | None = None

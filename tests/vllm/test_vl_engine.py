@@ -1,12 +1,12 @@
 """The tiny vision-language model served by a real vLLM CPU engine: what it counts, caches and publishes.
 
 Engine: one replica from the vision-language engine venv (``.venv-engine-vl``, built by scripts/test.sh or
-``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``; without it these tests skip and say so), block size 32,
-prefix caching, KV events over ZMQ (ipc). Images are generated PNGs sent as ``data:`` URLs in
-``/v1/chat/completions``. These are the engine facts issue 19's image routing is built on: the
-engine's visual-token count is ``litellm_kv.governance.vision.visual_tokens``'s, a repeated image
-request hits the cache up to the last full block, and every stored block that overlaps an image's
-placeholder run carries ``(identifier, offset from the block start)`` in its event ``extra_keys``.
+``LITELLM_KV_VL_ENGINE=1 scripts/setup.sh``; without it these tests skip and say so, or fail in scripts/test.sh's
+run: tests/support/vl_engine.py), block size 32, prefix caching, KV events over ZMQ (ipc). Images are generated
+PNGs sent as ``data:`` URLs in ``/v1/chat/completions``. These are the engine facts issue 19's image routing is
+built on: the engine's visual-token count is ``litellm_kv.governance.vision.visual_tokens``'s, a repeated image
+request hits the cache up to the last full block, and every stored block that overlaps an image's placeholder run
+carries ``(identifier, offset from the block start)`` in its event ``extra_keys``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from litellm_kv.vllm.multimodal import (
 )
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tests.support.image_server import image_server
+from tests.support.vl_engine import require_vl_engine
 from tools.harness.engines import SERVED_NAME, VL_ENGINE_PY, EngineReplica, start_vl_replica
 
 pytestmark = [pytest.mark.engine]
@@ -123,8 +124,7 @@ class VL:
 
 @pytest.fixture(scope="module")
 def vl() -> Iterator[VL]:
-    if not VL_ENGINE_PY.exists():
-        pytest.skip(f"{VL_ENGINE_PY} is missing (built by scripts/test.sh or LITELLM_KV_VL_ENGINE=1 scripts/setup.sh)")
+    require_vl_engine()
     engine = start_vl_replica(block_size=BLOCK, extra_args=["--trust-request-mm-kwargs"])
     events = Events()
     thread = threading.Thread(target=events.listen, args=(engine.subscribe_endpoint,), daemon=True)
