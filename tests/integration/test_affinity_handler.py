@@ -46,7 +46,8 @@ def metric(name: str, **labels: str) -> float:
 async def test_follows_pin_counts_metrics_and_moves_on_retry() -> None:
     h = AffinityHandler(settings("g1"), clock=FakeClock())
     msgs = conversation(1, seed=5)[0]
-    before = (metric("affinity_pins_created", group="g1"), metric("affinity_hits", group="g1"))
+    before = (metric("affinity_pins_created", group="g1"), metric("affinity_hits", group="g1"),
+              metric("affinity_repins", group="g1", reason="failed"))
     first = await h.filter_deployments("g1", deployments(), msgs, {"litellm_call_id": "c1", "metadata": {}})
     assert first is not None and len(first) == 1
     pinned = first[0]["model_info"]["id"]
@@ -58,7 +59,7 @@ async def test_follows_pin_counts_metrics_and_moves_on_retry() -> None:
     retry_kwargs = {"litellm_call_id": "c3", "metadata": {"previous_models": [{"deployment_id": pinned}]}}
     moved = await h.filter_deployments("g1", deployments(), msgs, retry_kwargs)
     assert moved is not None and moved[0]["model_info"]["id"] != pinned
-    assert metric("affinity_repins", group="g1", reason="failed") >= 1
+    assert metric("affinity_repins", group="g1", reason="failed") == before[2] + 1
     assert await h.response_headers({"litellm_call_id": "c3", "metadata": ADMIN}, None) == {
         "x-litellm-kv-affinity": "repin"}
 

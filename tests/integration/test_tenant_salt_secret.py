@@ -47,7 +47,8 @@ def test_tenant_isolation_salt_secret_variable_is_the_configured_one(monkeypatch
 def test_without_tenant_isolation_no_salt_secret_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LITELLM_KV_SALT_SECRET", raising=False)
     s = parse_section(Settings, {"model_groups": {"t": {"routing": "kv"}}}, "litellm_kv")
-    KVRoutingHandler(s)
+    handler = KVRoutingHandler(s)  # no ConfigError although LITELLM_KV_SALT_SECRET is unset
+    assert handler.options["t"].tenant_isolation == "none"
 
 
 @pytest.mark.proxy

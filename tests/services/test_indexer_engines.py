@@ -204,9 +204,10 @@ def wait_relearned(ix: Indexer, engines: list[EngineReplica], timeout: float = 6
 def check_exact(ix: Indexer, engines: list[EngineReplica], seeds: range, readers: list[RedisIndex] | None = None,
                 hasher: BlockHasher | None = None) -> int:
     """Predicted hits (indexer and Redis readers) == each engine's cached_tokens, for probes
-    that reuse earlier prefixes. Returns the number of (probe, replica) comparisons."""
+    that reuse earlier prefixes. Returns the number of (probe, replica) comparisons. At least one probe must hit
+    an engine's cache, or equal predictions would show nothing."""
     settle(ix)
-    compared = 0
+    compared = hits = 0
     for seed in seeds:
         msgs = conversation(seed)[-1]
         tokens = tokenize(engines[0], msgs)
@@ -221,7 +222,9 @@ def check_exact(ix: Indexer, engines: list[EngineReplica], seeds: range, readers
             assert predicted[replica_id(e.api_base)] == actual, (
                 f"seed {seed} on {e.name}: predicted {predicted}, engine cached {actual}")
             compared += 1
+            hits += actual > 0
         settle(ix)
+    assert hits > 0, f"no probe of seeds {seeds} hit any engine's cache"
     return compared
 
 

@@ -1,11 +1,14 @@
 """The simulator's cache model against a real vLLM engine.
 
-The same request sequence goes to a real vLLM CPU replica (cold cache, prefix caching on) and
-to a simulated :class:`~litellm_kv.simulator.cache.BlockCache` with the engine's block size and
-block count; per request, the engine's ``usage.prompt_tokens_details.cached_tokens`` must equal
-the simulated hit. The sequence mixes shared prefixes, growing conversations, repeats of whole
-prompts and unique prompts, and holds several times the cache's capacity, so LRU eviction
-order decides many of the answers.
+The same request sequence goes to a real vLLM CPU replica (cold cache, prefix caching on) and to a
+simulated :class:`~litellm_kv.simulator.cache.BlockCache` with the engine's block size and block count;
+per request, the engine's ``usage.prompt_tokens_details.cached_tokens`` is compared with the simulated
+hit, and at least 95 % of the requests must agree exactly (the run recorded in docs/benchmarks.md agreed
+on all 90). The bar is not 100 % because the simulator is a model for benchmarks, not the router's
+prediction path; that path is held to exact equality with real engines in
+``tests/services/test_indexer_engines.py`` and ``tests/integration/test_routing_e2e.py``. The sequence
+mixes shared prefixes, growing conversations, repeats of whole prompts and unique prompts, and holds
+several times the cache's capacity, so LRU eviction order decides many of the answers.
 """
 
 from __future__ import annotations
