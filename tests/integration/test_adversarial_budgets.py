@@ -151,9 +151,7 @@ async def _parallel_chats(proxy: Proxy, key: str, n: int) -> list[httpx.Response
 
 def _store_failures(proxy: Proxy) -> float:
     """Budget-store calls that failed open so far (a request then ran without its hold)."""
-    text = httpx.get(proxy.url + "/litellm-kv/metrics", headers=proxy.headers(), timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("litellm_kv_budget_store_errors_total{") and 'outcome="fail_open"' in line)
+    return proxy.metric_by("litellm_kv_budget_store_errors_total", "outcome").get("fail_open", 0.0)
 
 
 def test_tokens_per_day_is_not_overspent_by_concurrent_requests(stack: dict[str, Any]) -> None:

@@ -118,16 +118,9 @@ def stack() -> Iterator[dict[str, Any]]:
 
 
 def metrics(proxy: Proxy, name: str) -> dict[str, float]:
-    """``litellm_kv_<name>_total`` samples of the KV group, keyed by their outcome/why label."""
-    out: dict[str, float] = {}
-    body = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
-    for line in body.splitlines():
-        if line.startswith(f"litellm_kv_{name}_total{{") and f'model_group="{KV}"' in line:
-            labels, _, value = line.rpartition(" ")
-            key = next((p.split("=")[1].strip('"}') for p in labels.split(",") if p.startswith(("outcome", "why"))),
-                       "")
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
+    """``litellm_kv_<name>_total`` samples of the KV group, keyed by their outcome (fallbacks: why) label."""
+    return proxy.metric_by(f"litellm_kv_{name}_total", "why" if name == "routing_fallbacks" else "outcome",
+                           model_group=KV)
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:

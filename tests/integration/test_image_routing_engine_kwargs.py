@@ -23,12 +23,11 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from litellm_kv.governance.vision import QWEN_GRIDS, visual_tokens
 from litellm_kv.routing.group import IMAGE_MISMATCH_LIMIT
-from tests.integration.test_image_routing import HEADERS, chat, delta, explain, inline, png, text, until_indexed
+from tests.integration.test_image_routing import chat, delta, explain, inline, png, text, until_indexed
 from tests.support.image_server import image_server
 from tests.support.vl_engine import require_vl_engine
 from tools.harness.engines import EngineReplica, reset_prefix_caches, start_vl_replica
@@ -89,16 +88,9 @@ def stack() -> Iterator[dict[str, Any]]:
 
 
 def metrics(proxy: Proxy, name: str, group: str) -> dict[str, float]:
-    """``litellm_kv_<name>_total`` samples of ``group``, keyed by their outcome/why label."""
-    out: dict[str, float] = {}
-    body = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
-    for line in body.splitlines():
-        if line.startswith(f"litellm_kv_{name}_total{{") and f'model_group="{group}"' in line:
-            labels, _, value = line.rpartition(" ")
-            key = next((p.split("=")[1].strip('"}') for p in labels.split(",") if p.startswith(("outcome", "why"))),
-                       "")
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
+    """``litellm_kv_<name>_total`` samples of ``group``, keyed by their outcome (fallbacks: why) label."""
+    return proxy.metric_by(f"litellm_kv_{name}_total", "why" if name == "routing_fallbacks" else "outcome",
+                           model_group=group)
 
 
 def probes(base: str, served: dict[str, bytes]) -> list[Probe]:

@@ -82,21 +82,13 @@ def proxy(lora_engine: EngineReplica, engine_model: Path) -> Iterator[Proxy]:
         p.stop()
 
 
-def _counts(proxy: Proxy, metric: str, group: str, label: str) -> dict[str, float]:
-    """One group's samples of a litellm-kv counter, by the value of ``label``."""
-    text = httpx.get(f"{proxy.url}/litellm-kv/metrics", headers=HEADERS, timeout=10).text
-    prefix = f'{metric}{{model_group="{group}",{label}="'
-    return {line[len(prefix):].split('"', 1)[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines() if line.startswith(prefix)}
-
-
 def _outcomes(proxy: Proxy, group: str) -> dict[str, float]:
     """Prediction checks by outcome (exact, under, over, fallback, missing)."""
-    return _counts(proxy, "litellm_kv_prediction_checks_total", group, "outcome")
+    return proxy.metric_by("litellm_kv_prediction_checks_total", "outcome", model_group=group)
 
 
 def _fallbacks(proxy: Proxy, group: str) -> dict[str, float]:
-    return _counts(proxy, "litellm_kv_routing_fallbacks_total", group, "why")
+    return proxy.metric_by("litellm_kv_routing_fallbacks_total", "why", model_group=group)
 
 
 def _chat(proxy: Proxy, group: str, messages: list[dict[str, Any]]) -> tuple[int, str]:

@@ -307,13 +307,7 @@ def test_malformed_metadata_is_a_clear_400(stack: dict[str, Any], key: str, fiel
 
 
 def _invalid_metadata_counts(proxy: Proxy) -> dict[str, float]:
-    text = httpx.get(proxy.url + "/litellm-kv/metrics", headers=proxy.headers(), timeout=10).text
-    counts = {"reject": 0.0, "ignore": 0.0}
-    for line in text.splitlines():
-        for action in counts:
-            if line.startswith(f'litellm_kv_reasoning_invalid_metadata_total{{action="{action}"}}'):
-                counts[action] = float(line.rpartition(" ")[2])
-    return counts
+    return {"reject": 0.0, "ignore": 0.0, **proxy.metric_by("litellm_kv_reasoning_invalid_metadata_total", "action")}
 
 
 @pytest.mark.parametrize("key", ["sk-bad", "sk-badjson"])

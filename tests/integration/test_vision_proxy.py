@@ -309,13 +309,7 @@ def test_period_budget_spent_is_429_with_reset(stack: dict[str, Any]) -> None:
 
 
 def _invalid_metadata_counts(proxy: Proxy) -> dict[str, float]:
-    text = httpx.get(proxy.url + "/litellm-kv/metrics", headers=proxy.headers(), timeout=10).text
-    counts = {"reject": 0.0, "ignore": 0.0}
-    for line in text.splitlines():
-        for action in counts:
-            if line.startswith(f'litellm_kv_vision_invalid_metadata_total{{action="{action}"}}'):
-                counts[action] = float(line.rpartition(" ")[2])
-    return counts
+    return {"reject": 0.0, "ignore": 0.0, **proxy.metric_by("litellm_kv_vision_invalid_metadata_total", "action")}
 
 
 def test_malformed_metadata_names_the_field(stack: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tools.harness.procs import ROOT, ManagedProcess, free_port, start_all
 
@@ -44,6 +45,19 @@ class Proxy:
         r = httpx.get(f"{self.url}/litellm-kv/health", headers=self.headers(), timeout=10)
         r.raise_for_status()
         return dict(((r.json().get("routing") or {}).get("groups") or {}).get(group) or {})
+
+    def metric_by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """The samples called ``name`` (as exposed: ``litellm_kv_x_total``) on ``GET /litellm-kv/metrics`` whose
+        labels include ``labels``, summed by their value of ``label``."""
+        r = httpx.get(f"{self.url}/litellm-kv/metrics", headers=self.headers(), timeout=30)
+        r.raise_for_status()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(r.text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    key = sample.labels.get(label, "")
+                    out[key] = out.get(key, 0.0) + sample.value
+        return out
 
     def wait_kv_exact(self, group: str, timeout: float = 60) -> dict[str, Any]:
         """Wait until the group routes exactly with every replica ready; returns its health."""
