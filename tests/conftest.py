@@ -9,6 +9,10 @@ must leave it running again (``EngineReplica.restart()``).
 ``redis_cluster`` (3 masters + 3 replicas) and ``redis_sentinel`` (master + replica + 3 sentinels): real
 servers, started on first use and shared by the session's store contract suites (each test flushes them).
 A test that kills a node must leave the setup healthy again (restart the node, wait for it).
+
+``litellm_postgres``: one PostgreSQL with LiteLLM's schema migrated once; a module takes its own empty database
+with ``litellm_postgres.database()`` (and drops it with ``stop()``). Ask for it with
+``request.getfixturevalue`` after checking ``tools.harness.database.unavailable()``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.harness.database import PostgresServer
 from tools.harness.engines import EngineReplica, ensure_model, start_replicas, stop_replicas
 from tools.harness.redis_cluster import RedisClusterServers, RedisSentinelServers
 
@@ -55,3 +60,12 @@ def redis_sentinel() -> Iterator[RedisSentinelServers]:
         yield setup
     finally:
         setup.stop()
+
+
+@pytest.fixture(scope="session")
+def litellm_postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tools.harness.database import Postgres, start_db_proxy, unavailable
+from tools.harness.database import start_db_proxy, unavailable
 from tools.harness.procs import ROOT
 from tools.harness.proxy import MASTER_KEY, Proxy
 
@@ -31,10 +31,10 @@ CONFIG: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def db_proxy() -> Iterator[tuple[Proxy, str]]:
+def db_proxy(request: pytest.FixtureRequest) -> Iterator[tuple[Proxy, str]]:
     if (why := unavailable()) is not None:
         pytest.skip(f"the real database path is not set up here: {why}")
-    db = Postgres()
+    db = request.getfixturevalue("litellm_postgres").database()
     proxy = None
     try:
         cfg = {k: v for k, v in CONFIG.items() if k != "litellm_kv"}

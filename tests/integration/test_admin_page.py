@@ -25,7 +25,7 @@ from playwright.sync_api import expect
 
 from tests.support.browser import chromium
 from tests.support.fake_upstream import start_fake_upstream
-from tools.harness.database import Postgres, start_db_proxy, unavailable
+from tools.harness.database import start_db_proxy, unavailable
 from tools.harness.procs import ARTIFACTS, ROOT
 from tools.harness.proxy import MASTER_KEY, Proxy
 
@@ -48,7 +48,7 @@ def _png() -> str:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[dict[str, Any]]:
+def stack(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     if unavailable() is not None:  # set up once per machine and venv (idempotent)
         subprocess.run(["bash", str(ROOT / "tools" / "litellm_db" / "setup.sh"), str(ROOT / ".venv")], check=False,
                        timeout=600, capture_output=True)
@@ -57,7 +57,7 @@ def stack() -> Iterator[dict[str, Any]]:
     fake, url = start_fake_upstream("admin-page-up", "--reasoning-words", "20", "--report-reasoning-tokens",
                                     "--count-reasoning-in-completion", "--image-tokens-each", str(IMAGE_TOKENS),
                                     "--mm-tokens-format", "dict", "--image-prompt-tokens", str(IMAGE_TOKENS))
-    db = Postgres()
+    db = request.getfixturevalue("litellm_postgres").database()
     config = {
         "model_list": [
             {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/fake-model", "api_base": url + "/v1"}},

@@ -27,7 +27,7 @@ from PIL import Image
 
 from litellm_kv.governance.vision import visual_tokens
 from tests.support.fake_upstream import start_fake_upstream
-from tools.harness.database import Postgres, start_db_proxy, unavailable
+from tools.harness.database import Postgres, PostgresServer, start_db_proxy, unavailable
 from tools.harness.proxy import MASTER_KEY, Proxy
 from tools.harness.redis_server import RedisServer
 
@@ -42,11 +42,11 @@ ADMIN = {"Authorization": f"Bearer {MASTER_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[dict[str, Any]]:
+def stack(litellm_postgres: PostgresServer) -> Iterator[dict[str, Any]]:
     thinker, thinker_url = start_fake_upstream("db-think", "--reasoning-words", str(REASONING_WORDS))
     seer, seer_url = start_fake_upstream("db-see")
     redis = RedisServer()
-    db = Postgres()
+    db = litellm_postgres.database()
     prices = {"input_cost_per_token": IN_RATE, "output_cost_per_token": OUT_RATE,
               "output_cost_per_reasoning_token": REASONING_RATE, "input_cost_per_image_token": IMAGE_RATE}
     config = {
