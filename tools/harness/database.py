@@ -50,7 +50,8 @@ def client_dir() -> Path:
 
 def db_env() -> dict[str, str]:
     """What ``tools/litellm_db/env.sh`` exports: the generated client first on the path, prisma-client-py pointed at
-    the stand-in."""
+    the stand-in, and a 1 s bound on the ``prisma migrate diff`` LiteLLM runs at start-up (with the stub schema
+    engine it can only fail, after ~15 s of CPU importing the generated client)."""
     return {
         "PYTHONPATH": os.pathsep.join([str(client_dir()), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "PRISMA_QUERY_ENGINE_BINARY": str(DB_HOME / "query-engine.mjs"),
@@ -58,6 +59,7 @@ def db_env() -> dict[str, str]:
         "PRISMA_ENGINES_CHECKSUM_IGNORE_MISSING": "1",
         "PRISMA_HIDE_UPDATE_MESSAGE": "1",
         "DISABLE_SCHEMA_UPDATE": "true",
+        "LITELLM_PRISMA_COMMAND_TIMEOUT": "1",
     }
 
 
