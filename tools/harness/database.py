@@ -123,7 +123,7 @@ class Postgres:
 
     def stop(self) -> None:
         """Drops the database (closing what is still connected to it); the server goes on."""
-        # A failure means the server is gone or stopping already: its files go with it.
+        # A database that cannot be dropped (the server gone or stopping) goes with the server's files at its stop.
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
             self.server._psql("postgres", f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
