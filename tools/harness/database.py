@@ -71,8 +71,8 @@ class PostgresServer:
 
     def __init__(self) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="litellm-kv-pg-"))
-        self.port = free_port()
-        out = subprocess.run(["bash", str(TOOL / "pg.sh"), "start", str(self.run_dir), str(self.port)],
+        port = free_port()
+        out = subprocess.run(["bash", str(TOOL / "pg.sh"), "start", str(self.run_dir), str(port)],
                              capture_output=True, text=True, timeout=120, check=False)
         line = next((x for x in out.stdout.splitlines() if x.startswith("DATABASE_URL=")), None)
         if out.returncode != 0 or line is None:
@@ -96,9 +96,9 @@ class PostgresServer:
     def _url(self, database: str) -> str:
         return self.template_url.rsplit("/", 1)[0] + "/" + database
 
-    def _psql(self, database: str, sql: str) -> str:
+    def _psql(self, database: str, sql: str, timeout: float = 60.0) -> str:
         out = subprocess.run(["psql", self._url(database), "-v", "ON_ERROR_STOP=1", "-tAc", sql],
-                             capture_output=True, text=True, timeout=60, check=False)
+                             capture_output=True, text=True, timeout=timeout, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"psql {sql!r}: {out.stderr.strip()[-2000:]}")
         return out.stdout
@@ -118,8 +118,8 @@ class Postgres:
     def query(self, sql: str) -> list[Any]:
         """Rows of one statement, each the JSON value of its single column (write ``SELECT row_to_json(...)``
         or ``SELECT json_agg(...)`` style queries)."""
-        out = subprocess.run(["psql", self.url, "-tAc", sql], capture_output=True, text=True, timeout=30, check=True)
-        return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        out = self.server._psql(self.name, sql, timeout=30.0)
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
 
     def stop(self) -> None:
         """Drops the database (closing what is still connected to it); the server goes on."""
