@@ -21,11 +21,11 @@ prediction checks, TTFT split by the engine's cached share (``hit``: at least ha
 less), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
 baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
-absolute error of the prediction against the TTFT measured, from litellm-kv's signed error histogram
-(``litellm_kv_ttft_prediction_error_seconds``, as the bucket bound the quantile falls under; the proxy sends no
-per-response prediction). And run by run, litellm-kv's per-run TTFT mean and p95 minus each baseline's run of the
-same A-B-C block (mean difference, its sd and standard error, in how many runs litellm-kv was lower): pairing the
-runs takes the machine's drift between blocks out of the comparison.
+absolute error of the prediction against the TTFT the proxy measured (decision to first content chunk), over
+the cell's streamed responses one by one (``GET /litellm-kv/health?ttft_errors_since=N``). And run by run,
+litellm-kv's per-run TTFT mean and p95 minus each baseline's run of the same A-B-C block (mean difference, its
+sd and standard error, in how many runs litellm-kv was lower): pairing the runs takes the machine's drift
+between blocks out of the comparison.
 
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
         [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
@@ -56,7 +56,6 @@ from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.demo import plot
 from tools.harness import field
 from tools.harness.testbed import (
-    ERROR_METRIC,
     KV,
     LABELS,
     LEAST_BUSY,
@@ -64,8 +63,8 @@ from tools.harness.testbed import (
     SHUFFLE,
     Comparison,
     abc_cba,
+    abs_error,
     fleet_speed,
-    histogram_abs_error,
     label_counts,
     start_testbed,
 )
@@ -137,9 +136,9 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
     out["paired"] = paired_all({g: {"mean": out["routings"][g]["per_run_ttft_mean_ms"],
                                     "p95": out["routings"][g]["per_run_ttft_p95_ms"]} for g in ROUTINGS})
     out["per_run_decisions"] = [decision_reasons(d) for d in comp.kv_deltas]
-    hist = histogram_abs_error(comp.kv_deltas)
-    if hist:
-        out["prediction_error_hist"] = hist
+    err = abs_error(comp.ttft_errors_ms)
+    if err:
+        out["prediction_error"] = {**err, "dropped": comp.ttft_errors_dropped}
     return out
 
 
@@ -167,8 +166,11 @@ def print_cell(s: dict[str, Any]) -> None:
     if s.get("per_run_decisions"):
         print(f"  litellm-kv decisions by reason, per run: {s['per_run_decisions']}")
     print(f"litellm-kv prediction checks: {s['checks']}; verdict: {s['verdict']}")
-    if "prediction_error_hist" in s:
-        print(f"predicted vs measured TTFT (litellm-kv's error histogram, bucket bounds): {s['prediction_error_hist']}")
+    if "prediction_error" in s:
+        e = s["prediction_error"]
+        print(f"predicted vs measured TTFT (litellm-kv, per streamed response): |error| median "
+              f"{e['median_ms']:.0f} ms, p90 {e['p90_ms']:.0f} ms; signed median {e['signed_median_ms']:+.0f} ms "
+              f"(n={e['n']})")
 
 
 def verdict_text(v: dict[str, Any]) -> str:
@@ -248,10 +250,10 @@ def markdown(results: dict[str, Any]) -> str:
             judged = ""
             if g == KV:
                 judged = verdict_text(s["verdict"])
-                if "prediction_error_hist" in s:
-                    h = s["prediction_error_hist"]
-                    judged += (f"; predicted TTFT |error| median <= {1000 * h['median_le_s']:.0f} ms, "
-                                f"p90 <= {1000 * h['p90_le_s']:.0f} ms (n={h['n']})")
+                if "prediction_error" in s:
+                    e = s["prediction_error"]
+                    judged += (f"; predicted TTFT |error| median {e['median_ms']:.0f} ms, "
+                               f"p90 {e['p90_ms']:.0f} ms (n={e['n']})")
             lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['ttft_mean_ms']:.0f} "
                          f"({min(m):.0f}-{max(m):.0f}) | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} "
                          f"({min(p):.0f}-{max(p):.0f}) | {r['e2e_mean_ms']:.0f} | {r['output_tok_s']:.1f} | "
@@ -300,7 +302,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     return field.make(n, r, **SIZES[n])
 
                 comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
-                                     metric_prefixes=(ERROR_METRIC, DECISIONS_METRIC))
+                                     metric_prefixes=(DECISIONS_METRIC,))
                 s = cell_summary(comp, make(), bed.names)
                 s["load_fraction"] = f
                 cells.append(s)

@@ -29,15 +29,14 @@ from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness import field
 from tools.harness.testbed import (
-    ERROR_METRIC,
     KV,
     LABELS,
     ROUTINGS,
     Comparison,
     abc_cba,
     fleet_speed,
+    format_abs_error,
     format_comparison,
-    histogram_abs_error,
     start_testbed,
 )
 
@@ -104,7 +103,7 @@ async def main_async(args: argparse.Namespace) -> int:
             def make(r: float = rate) -> field.Workload:
                 return field.chat_workload(rate=r, seed=args.seed, **sizes)
 
-            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens, metric_prefixes=(ERROR_METRIC,))
+            comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens)
             comps.append(comp)
             checks = comp.checks
             print(f"\n{wl0.name} at {rate:.2f} req/s, both runs of each routing pooled "
@@ -113,10 +112,7 @@ async def main_async(args: argparse.Namespace) -> int:
             total = sum(checks.values())
             print(f"litellm-kv prediction checks (predicted vs engine-reported cached tokens): "
                   f"{checks.get('exact', 0)}/{total} exact {dict(sorted(checks.items()))}", flush=True)
-            err = histogram_abs_error(comp.kv_deltas)
-            if err:
-                print(f"litellm-kv predicted TTFT vs measured: |error| median <= {1000 * err['median_le_s']:.0f} ms, "
-                      f"p90 <= {1000 * err['p90_le_s']:.0f} ms ({err['n']} streamed responses; histogram bounds)")
+            print(format_abs_error(comp))
             print(flush=True)
         health = bed.proxy.kv_health(KV)
         if "cost_model" in health:

@@ -2,7 +2,9 @@
 
 * ``GET /litellm-kv/health`` — per model group: exact or not and why, replicas (ready, block size,
   hash algorithm, load gauges, subscriber state: connected, last seq, gaps, replays, purges), tokenizer path,
-  and the state of each Redis store's circuit breaker on the routing path (``redis``).
+  the cost model's learned rates and its TTFT prediction error (``?ttft_errors_since=<responses>`` adds the errors
+  recorded after that count, one by one), and the state of each Redis store's circuit breaker on the routing
+  path (``redis``).
 * ``POST /litellm-kv/route`` — which replica holds this prompt: body = a chat request; answer = the
   decision and the predicted cached tokens per replica, without sending anything upstream.
 * ``GET /litellm-kv/metrics`` — litellm-kv's Prometheus metrics (also on LiteLLM's ``/metrics``
@@ -62,7 +64,7 @@ def register(callback: HandlerSet | Handler) -> None:
     global _registered
     if _registered or isinstance(callback, Handler):
         return
-    from fastapi import APIRouter, Depends, HTTPException, Request, Response
+    from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
     from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
     from litellm.proxy.auth.user_api_key_auth import user_api_key_auth
     from litellm.proxy.proxy_server import app
@@ -79,12 +81,13 @@ def register(callback: HandlerSet | Handler) -> None:
         return callback.handler("kv")
 
     @router.get("/health")
-    async def health(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
+    async def health(ttft_errors_since: int | None = Query(default=None, ge=0, le=2**62),
+                     auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
         _admin(auth)
         kv = await _kv()
         return {
             "handlers": [h.name for h in callback.handlers],
-            "routing": kv.health() if kv is not None else None,
+            "routing": kv.health(ttft_errors_since) if kv is not None else None,
             # Deadline and circuit breaker of each Redis store on the routing path (index, load, pins).
             "redis": guard_status(),
         }

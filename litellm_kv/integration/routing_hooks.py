@@ -388,14 +388,16 @@ class KVRoutingHandler(Handler):
         await self._finish(kwargs, None)
 
     # -- admin views ---------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
+    def health(self, ttft_errors_since: int | None = None) -> dict[str, Any]:
+        """What ``GET /litellm-kv/health`` shows of routing; ``ttft_errors_since``: see :meth:`KVGroup.status`."""
         return {
             "mode": self.settings.mode,
             # How sha256 block hashes are computed: the compiled chain (litellm_kv/vllm/_chain.c) or Python.
             # Exact either way; the Python path is slower on never-seen prompts (docs/hashing.md).
             "hashing": "native" if NATIVE_HASHING else "python (litellm_kv/vllm/_chain.c not built)",
             "groups": {
-                name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow, **g.status()}
+                name: {**g.fleet.status(), "tokenizer": g.tokenizer_state, "shadow": g.options.shadow,
+                       **g.status(ttft_errors_since)}
                 for name, g in self.groups.items()
             },
         }

@@ -31,7 +31,7 @@ from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTrack
 from litellm_kv.routing.options import KVRoutingSettings
 from litellm_kv.routing.router import DECISIONS, STAGE_SECONDS, EngineGauges, KVRouter, RoutingRequest, RoutingResult
 from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
-from litellm_kv.routing.ttft import EngineTimings, RateBook, TtftSettings
+from litellm_kv.routing.ttft import EngineTimings, PredictionErrors, RateBook, TtftSettings
 from litellm_kv.tasks import cancel_and_wait, spawn_held
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import MMFeature
@@ -80,14 +80,14 @@ RATE_GAUGE = gauge(
     "decode_step_seconds, output_tokens, ttft_correction.",
     ["model_group", "replica", "rate"],
 )
-# Signed seconds (measured − predicted); tools/harness/testbed.py reads the bounds back when it folds the buckets.
-TTFT_ERROR_BUCKETS = (-2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 2.0)
+# Signed seconds (measured − predicted). Exact quantiles of the latest errors: KVGroup.ttft_errors (health).
 TTFT_ERROR = histogram(
     "ttft_prediction_error_seconds",
     "Measured time to first token (decision to first streamed content chunk, at the proxy) minus the TTFT "
-    "predicted for the chosen replica, per streamed response.",
+    "predicted for the chosen replica, per streamed response. Exact quantiles of the latest 1,024: ttft_error on "
+    "/litellm-kv/health.",
     ["model_group"],
-    buckets=TTFT_ERROR_BUCKETS,
+    buckets=(-2.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 2.0),
 )
 
 
@@ -134,6 +134,7 @@ class KVGroup:
         # Learned whichever cost decides, so /litellm-kv/health shows the rates and a switch of cost_model
         # starts calibrated.
         self.rates = RateBook(ttft_cfg)
+        self.ttft_errors = PredictionErrors()  # measured minus predicted TTFT, exactly, for /litellm-kv/health
         self.fleet.on_timings = self._timings
         model = CostModel(cost_cfg, ttft=ttft_cfg if options.cost_model == "ttft" else None)
         self.router = KVRouter(name, index, model, SiblingIndex(sib.ttl_s, sib.max_entries), backend=backend,
@@ -441,19 +442,27 @@ class KVGroup:
         if result.raw_ttft_s > 0:
             predicted = result.predicted_ttft_s.get(result.replica, 0.0)
             TTFT_ERROR.labels(self.name).observe(measured_s - predicted)
+            self.ttft_errors.add(measured_s - predicted)
             self.rates.observe_ttft(result.replica, result.raw_ttft_s, measured_s,
                                     visual_tokens=result.uncached_visual_tokens, visual_s=result.raw_visual_s)
             rates = self.rates.rates(result.replica)
             RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(rates.correction)
             RATE_GAUGE.labels(self.name, result.replica, "visual_seconds_per_token").set(rates.visual_s_per_token)
 
-    def status(self) -> dict[str, Any]:
+    def status(self, ttft_errors_since: int | None = None) -> dict[str, Any]:
         """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
-        decision's predicted TTFT per replica."""
+        decision's predicted TTFT per replica, how far measured TTFTs were from the predictions. With
+        ``ttft_errors_since`` (a ``responses`` count read earlier), the errors recorded after it, one by one."""
         tc = self.router.cost.ttft
+        error = self.ttft_errors.status()
+        if ttft_errors_since is not None:
+            errors, dropped = self.ttft_errors.since(ttft_errors_since)
+            error["since"] = {"count": ttft_errors_since, "errors_ms": [round(1e3 * e, 2) for e in errors],
+                              "dropped": dropped}
         return {"cost_model": self.router.cost.kind, "slo_ttft_s": (tc.slo_ttft_s or None) if tc else None,
                 "rates": self.rates.status(),
                 "last_predicted_ttft_s": {r: round(t, 4) for r, t in self.router.last_ttft.items()},
+                "ttft_error": error,
                 "images": self.image_routing_off or ("routed by cache when the group has a vision section of a "
                                                      "Qwen-VL family and a verified local tokenizer")}
 

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from litellm_kv.config import doc
 
@@ -441,4 +443,45 @@ class RateBook:
                 "measured_ttfts": round(x.measured_ttfts, 1),
                 "calibrated": x.calibrated,
             }
+        return out
+
+
+def nearest_rank(sorted_xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values by nearest rank: the smallest value with at least ``q`` of them at or
+    below it (no interpolation: always one of the values)."""
+    return sorted_xs[max(0, math.ceil(q * len(sorted_xs)) - 1)]
+
+
+class PredictionErrors:
+    """Measured minus predicted TTFT of a group's latest streamed responses, exactly (the Prometheus histogram
+    ``litellm_kv_ttft_prediction_error_seconds`` only gives bucket bounds). Bounded: the last ``window``
+    errors and a count of every error ever recorded, which lets a reader take exactly the errors recorded
+    after a point it noted (:meth:`since`)."""
+
+    def __init__(self, window: int = 1024) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+        self.total = 0
+
+    def add(self, error_s: float) -> None:
+        if math.isfinite(error_s):
+            self._recent.append(error_s)
+            self.total += 1
+
+    def since(self, count: int) -> tuple[list[float], int]:
+        """The errors recorded after the first ``count`` (oldest first), and how many of those are no longer
+        held (more than ``window`` recorded since)."""
+        wanted = max(0, self.total - max(0, count))
+        held = min(wanted, len(self._recent))
+        return list(self._recent)[len(self._recent) - held:], wanted - held
+
+    def status(self) -> dict[str, Any]:
+        """The count, and over the errors held: the median and p90 of |error| and the median signed error
+        (positive: responses came later than predicted), in ms."""
+        out: dict[str, Any] = {"responses": self.total, "recent": len(self._recent)}
+        if self._recent:
+            absolute = sorted(abs(e) for e in self._recent)
+            signed = sorted(self._recent)
+            out["abs_error_ms"] = {"p50": round(1e3 * nearest_rank(absolute, 0.5), 1),
+                                   "p90": round(1e3 * nearest_rank(absolute, 0.9), 1)}
+            out["signed_error_ms_p50"] = round(1e3 * nearest_rank(signed, 0.5), 1)
         return out

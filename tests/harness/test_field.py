@@ -9,12 +9,11 @@ import statistics
 
 import pytest
 
-from litellm_kv.routing.group import TTFT_ERROR_BUCKETS
 from litellm_kv.vllm.hashing import BlockHasher
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.harness import field
 from tools.harness.engines import MODEL_DIR
-from tools.harness.testbed import abc_order, delta, histogram_abs_error
+from tools.harness.testbed import abc_order, abs_error
 
 
 def test_same_seed_same_requests_and_rate_only_moves_times() -> None:
@@ -93,20 +92,13 @@ def test_abc_order_puts_every_routing_early_and_late() -> None:
     assert abc_order("ABC", 3) == list("ABCCBAABC")
 
 
-def test_abs_error_quantiles_from_the_signed_histogram() -> None:
-    b = "litellm_kv_ttft_prediction_error_seconds_bucket"
-    # Measured − predicted TTFT of ten responses, as the proxy's histogram counts them (cumulative per bound).
-    errors = [-0.3, -0.05, -0.01, 0.005, 0.005, 0.03, 0.03, 0.04, 0.07, 3.0]
-    after = {f'{b}{{le="{le}",model_group="g"}}': float(sum(e <= le for e in errors)) for le in TTFT_ERROR_BUCKETS}
-    after[f'{b}{{le="+Inf",model_group="g"}}'] = float(len(errors))
-    # What a run's delta holds: the bounds below -0.2 did not change, so they are left out of it.
-    run1 = delta(after, {})
-    assert f'{b}{{le="-0.5",model_group="g"}}' not in run1
-    # |e| <= 0.01: 2, <= 0.02: 1, <= 0.05: 3, <= 0.1: 2, <= 0.5: 1 (the -0.3, in (-0.5, -0.2]), beyond 2 s: 1.
-    assert histogram_abs_error([run1]) == {"n": 10, "median_le_s": 0.05, "p90_le_s": 0.5}
-    doubled = histogram_abs_error([run1, run1])
-    assert doubled == {"n": 20, "median_le_s": 0.05, "p90_le_s": 0.5}
-    assert histogram_abs_error([{}]) is None
+def test_abs_error_takes_exact_quantiles_of_the_responses_errors() -> None:
+    # Measured − predicted TTFT of ten responses, in ms, as the proxy lists them on /litellm-kv/health.
+    errors = [-300.0, -50.0, -10.0, 5.0, 5.0, 30.0, 30.0, 40.0, 70.0, 3000.0]
+    # |e| sorted: 5 5 10 30 30 40 50 70 300 3000 -> nearest rank: the 5th (median) and the 9th (p90).
+    assert abs_error(errors) == {"n": 10, "median_ms": 30.0, "p90_ms": 300.0, "signed_median_ms": 5.0}
+    assert abs_error([-7.5]) == {"n": 1, "median_ms": 7.5, "p90_ms": 7.5, "signed_median_ms": -7.5}
+    assert abs_error([]) is None
 
 
 def test_image_conversations_resend_their_image_and_wait_for_the_previous_turn() -> None:

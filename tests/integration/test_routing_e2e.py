@@ -64,8 +64,8 @@ def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, An
     }
 
 
-def _health(proxy: Proxy) -> dict[str, Any]:
-    r = httpx.get(f"{proxy.url}/litellm-kv/health", headers=HEADERS, timeout=10)
+def _health(proxy: Proxy, **params: Any) -> dict[str, Any]:
+    r = httpx.get(f"{proxy.url}/litellm-kv/health", headers=HEADERS, timeout=10, params=params)
     r.raise_for_status()
     return dict(r.json())
 
@@ -173,6 +173,7 @@ def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> Non
     convs = make_workload(groups=3, convs_per_group=2, turns=3, system_words=200, seed=21)
     before = _metric(proxy, "litellm_kv_prediction_checks_total")
     ttft_before = _metric(proxy, "litellm_kv_ttft_prediction_error_seconds_count")
+    errors_before = _health(proxy)["routing"]["groups"][KV]["ttft_error"]["responses"]
     stats = asyncio.run(run_workload(proxy.url, MASTER_KEY, KV, convs, label="litellm-kv stream+tools",
                                      concurrency=2, stream=True, tools=True))
     print("\n" + format_table([stats]))
@@ -185,6 +186,13 @@ def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> Non
     ttft_after = _metric(proxy, "litellm_kv_ttft_prediction_error_seconds_count")
     measured = sum(ttft_after.get(k, 0) - ttft_before.get(k, 0) for k in ttft_after)
     assert measured >= len(stats.results), (ttft_before, ttft_after)
+    # The same errors one by one on /litellm-kv/health, as many as the histogram counted.
+    error = _health(proxy, ttft_errors_since=errors_before)["routing"]["groups"][KV]["ttft_error"]
+    assert len(error["since"]["errors_ms"]) == measured and error["since"]["dropped"] == 0, error
+    assert error["responses"] == errors_before + measured and error["abs_error_ms"]["p90"] >= 0, error
+    for bad in ("-1", "many"):
+        r = httpx.get(f"{proxy.url}/litellm-kv/health", headers=HEADERS, timeout=10, params={"ttft_errors_since": bad})
+        assert r.status_code == 422, (bad, r.status_code, r.text)
     rates = _health(proxy)["routing"]["groups"][KV]["rates"]
     assert sum(r["measured_ttfts"] for r in rates.values()) > 0, rates
 

@@ -265,6 +265,11 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
         g.observe_ttft(res, 0.2)
     assert count() == before + 20
     assert g.rates.rates(R[0]).correction == pytest.approx(2.0)
+    # Every error exactly, on /litellm-kv/health: measured 0.2 s against the chosen replica's predicted 0.1 s.
+    assert g.status()["ttft_error"] == {"responses": 20, "recent": 20, "abs_error_ms": {"p50": 100.0, "p90": 100.0},
+                                        "signed_error_ms_p50": 100.0}
+    assert g.status(ttft_errors_since=17)["ttft_error"]["since"] == {"count": 17, "errors_ms": [100.0] * 3,
+                                                                     "dropped": 0}
     status = g.status()
     assert status["cost_model"] == "ttft" and status["rates"][R[0]]["calibrated"]
     assert status["rates"][R[0]]["correction"] == pytest.approx(2.0)

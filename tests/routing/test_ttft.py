@@ -11,7 +11,7 @@ import pytest
 
 from litellm_kv.index.base import ReplicaMatch
 from litellm_kv.routing.cost import Candidate, CostModel, CostSettings
-from litellm_kv.routing.ttft import EngineTimings, RateBook, ReplicaRates, TtftSettings
+from litellm_kv.routing.ttft import EngineTimings, PredictionErrors, RateBook, ReplicaRates, TtftSettings
 
 BS = 16
 
@@ -152,6 +152,29 @@ def test_memory_is_bounded_by_the_replicas_kept() -> None:
         book.observe_ttft(f"r{i}", 0.1, 0.1)
     book.forget(["r1", "r2"])
     assert set(book.status()) == {"r1", "r2"}
+
+
+def test_prediction_errors_are_exact_and_bounded() -> None:
+    errors = PredictionErrors(window=4)
+    assert errors.status() == {"responses": 0, "recent": 0}
+    assert errors.since(0) == ([], 0)
+    for e in (0.010, -0.030, 0.002, 0.500):
+        errors.add(e)
+    errors.add(math.nan)  # a clock gone wrong is not an error of the model: not counted
+    errors.add(math.inf)
+    # |e| sorted 2, 10, 30, 500 ms: nearest rank gives the 2nd (median) and the 4th (p90); signed: -30 2 10 500.
+    assert errors.status() == {"responses": 4, "recent": 4, "abs_error_ms": {"p50": 10.0, "p90": 500.0},
+                               "signed_error_ms_p50": 2.0}
+    assert errors.since(2) == ([0.002, 0.500], 0)
+    errors.add(0.040)
+    errors.add(0.050)
+    # Six recorded, four held: the first two are gone.
+    assert errors.status()["responses"] == 6 and errors.status()["recent"] == 4
+    assert errors.since(0) == ([0.002, 0.500, 0.040, 0.050], 2)
+    assert errors.since(5) == ([0.050], 0)
+    assert errors.since(6) == ([], 0)
+    assert errors.since(99) == ([], 0)  # a count from the future (another process, a restart): nothing
+    assert errors.since(-3) == ([0.002, 0.500, 0.040, 0.050], 2)
 
 
 def test_settings_are_validated() -> None:

@@ -17,7 +17,6 @@ routes the same replicas three ways, and an A-B-C-C-B-A runner over them (shared
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from litellm_kv.routing.group import TTFT_ERROR_BUCKETS
+from litellm_kv.routing.ttft import nearest_rank
 from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas, start_vl_replica
 from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
@@ -132,6 +131,17 @@ async def kv_metrics(proxy: Proxy,
     return out
 
 
+async def kv_ttft_errors(proxy: Proxy, group: str = KV, since: int | None = None) -> dict[str, Any]:
+    """The ``ttft_error`` section of ``group`` on ``GET /litellm-kv/health``: ``responses`` counts every error
+    recorded; with ``since`` (an earlier ``responses``), ``since.errors_ms`` lists those recorded after it."""
+    params = {"ttft_errors_since": str(since)} if since is not None else {}
+    async with httpx.AsyncClient(timeout=10) as c:
+        r = await c.get(f"{proxy.url}/litellm-kv/health", headers=proxy.headers(), params=params)
+    r.raise_for_status()
+    groups = ((r.json().get("routing") or {}).get("groups") or {})
+    return dict((groups.get(group) or {}).get("ttft_error") or {})
+
+
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
@@ -161,6 +171,8 @@ class Comparison:
     runs: dict[str, list[OpenLoopRun]]
     checks: dict[str, int] = field(default_factory=dict)
     kv_deltas: list[dict[str, float]] = field(default_factory=list)
+    ttft_errors_ms: list[float] = field(default_factory=list)  # litellm-kv's measured - predicted TTFT, per response
+    ttft_errors_dropped: int = 0  # errors the proxy no longer held when read (none unless a run outgrows its window)
 
     def pooled(self, routing: str) -> OpenLoopRun:
         rs = self.runs[routing]
@@ -191,9 +203,13 @@ async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, ru
     for i, g in enumerate(seq, 1):
         await asyncio.to_thread(reset_prefix_caches, bed.replicas)
         before = await kv_metrics(bed.proxy, prefixes) if g == KV else {}
+        errors_before = (await kv_ttft_errors(bed.proxy)).get("responses", 0) if g == KV else 0
         run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, make(), max_tokens=max_tokens)
         by_routing[g].append(run)
         if g == KV:
+            since = (await kv_ttft_errors(bed.proxy, since=errors_before)).get("since") or {}
+            comp.ttft_errors_ms += since.get("errors_ms", [])
+            comp.ttft_errors_dropped += since.get("dropped", 0)
             d = delta(await kv_metrics(bed.proxy, prefixes), before)
             comp.kv_deltas.append(d)
             for k, v in prediction_checks(d).items():
@@ -216,43 +232,25 @@ async def fleet_speed(bed: Testbed, n: int = 3) -> float:
     return statistics.median(times)
 
 
-ERROR_METRIC = "litellm_kv_ttft_prediction_error_seconds"
-
-
-def histogram_abs_error(deltas: list[dict[str, float]]) -> dict[str, Any] | None:
-    """Median and p90 of |measured - predicted| TTFT from litellm-kv's signed error histogram (the per-run
-    deltas of its cumulative buckets), as the bucket bound they fall under: (n, median <= x s, p90 <= y s).
-    A delta leaves out the buckets that did not change (:func:`delta`): every bound of the metric starts at
-    0, so the lowest bucket that did change keeps its lower bound instead of looking open-ended."""
-    cum: dict[float, float] = dict.fromkeys((*TTFT_ERROR_BUCKETS, math.inf), 0.0)
-    for d in deltas:
-        for k, v in d.items():
-            if k.startswith(ERROR_METRIC + "_bucket"):
-                m = re.search(r'le="([^"]+)"', k)
-                if m:
-                    le = math.inf if m.group(1) == "+Inf" else float(m.group(1))
-                    cum[le] = cum.get(le, 0.0) + v
-    if not cum or not cum.get(math.inf):
+def abs_error(errors_ms: Sequence[float]) -> dict[str, Any] | None:
+    """Median and p90 (nearest rank) of |measured - predicted| TTFT and the median signed error, in ms, over
+    the errors litellm-kv recorded for a cell's responses (:attr:`Comparison.ttft_errors_ms`)."""
+    if not errors_ms:
         return None
-    bounds = sorted(cum)
-    per: list[tuple[float, float, float]] = []  # (lower, upper, count) of each signed bucket
-    prev_le, prev_c = -math.inf, 0.0
-    for le in bounds:
-        per.append((prev_le, le, cum[le] - prev_c))
-        prev_le, prev_c = le, cum[le]
-    # |e| of a bucket (lo, hi] is at most max(|lo|, |hi|) (an open end: infinite).
-    folded = sorted((max(abs(lo), abs(hi)), n) for lo, hi, n in per if n > 0)
-    total = sum(n for _, n in folded)
+    absolute = sorted(abs(e) for e in errors_ms)
+    return {"n": len(errors_ms), "median_ms": nearest_rank(absolute, 0.5), "p90_ms": nearest_rank(absolute, 0.9),
+            "signed_median_ms": nearest_rank(sorted(errors_ms), 0.5)}
 
-    def q(frac: float) -> float:
-        acc = 0.0
-        for bound, n in folded:
-            acc += n
-            if acc >= frac * total:
-                return bound
-        return math.inf
 
-    return {"n": int(total), "median_le_s": q(0.5), "p90_le_s": q(0.9)}
+def format_abs_error(c: Comparison) -> str:
+    """One line: litellm-kv's TTFT prediction error over a comparison's streamed responses."""
+    err = abs_error(c.ttft_errors_ms)
+    if err is None:
+        return "litellm-kv predicted TTFT vs measured: no streamed response recorded an error"
+    dropped = f", {c.ttft_errors_dropped} more not held by the proxy" if c.ttft_errors_dropped else ""
+    return (f"litellm-kv predicted TTFT vs measured (decision to first content chunk, at the proxy): |error| "
+            f"median {err['median_ms']:.0f} ms, p90 {err['p90_ms']:.0f} ms; signed median "
+            f"{err['signed_median_ms']:+.0f} ms ({err['n']} streamed responses{dropped})")
 
 
 def format_comparison(c: Comparison) -> str:
