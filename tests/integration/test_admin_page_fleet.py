@@ -78,6 +78,13 @@ def test_fleet_view_shows_replicas_exactness_accuracy_and_hit_rates(
             {"role": "system", "content": system}, {"role": "user", "content": f"question number {i}"}]}
         r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers(), timeout=120)
         assert r.status_code == 200, r.text
+    for i in range(3):  # streamed: the proxy sets each one's time to first token against its prediction
+        body = {"model": GROUP, "max_tokens": 4, "stream": True, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": f"streamed question {i}"}]}
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers(),
+                          timeout=120) as r:
+            assert r.status_code == 200
+            r.read()
     m = _metrics(proxy)
     exact = _sum(m, "litellm_kv_prediction_checks_total", outcome="exact")
     compared = sum(_sum(m, "litellm_kv_prediction_checks_total", outcome=o) for o in ("exact", "under", "over"))
@@ -107,6 +114,13 @@ def test_fleet_view_shows_replicas_exactness_accuracy_and_hit_rates(
         hit_rate = _percent(card.locator('[data-stat="hit_rate"]').inner_text())
         assert abs(hit_rate - 100 * actual / prompt) < 0.06
         assert "cache" in card.locator('[data-stat="decisions"]').inner_text()
+        error = health["ttft_error"]
+        assert error["recent"] >= 3, error
+        shown_error = re.match(r"median ([0-9.]+) ms, p90 ([0-9.]+) ms",
+                               card.locator('[data-stat="ttft_error"]').inner_text())
+        assert shown_error, card.locator('[data-stat="ttft_error"]').inner_text()
+        assert (float(shown_error[1]), float(shown_error[2])) == (error["abs_error_ms"]["p50"],
+                                                                  error["abs_error_ms"]["p90"])
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "admin-page-fleet.png"), full_page=True)
 

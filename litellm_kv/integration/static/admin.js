@@ -307,6 +307,16 @@ function pairs(obj) {
   return entries.length ? entries.map(([k, v]) => k + " " + num(v)).join(", ") : "none";
 }
 
+// How far the cost model's predicted TTFT was from the measured one (none with the block cost or before a
+// streamed response).
+function ttftError(e) {
+  if (!e || !e.recent) return ["no streamed response yet"];
+  const signed = e.signed_error_ms_p50;
+  return ["median " + e.abs_error_ms.p50 + " ms, p90 " + e.abs_error_ms.p90 + " ms",
+    el("span", { class: "muted small" }, " (|measured − predicted|, last " + num(e.recent) + " streamed responses; "
+      + "signed median " + (signed > 0 ? "+" : "") + signed + " ms)")];
+}
+
 function renderFleet(f) {
   $("fleet-meta").textContent = "As seen by " + f.process + (f.mode ? " · mode " + f.mode : "")
     + (f.hashing ? " · hashing " + f.hashing : "") + " · " + new Date(f.at * 1000).toISOString().slice(11, 19) + " UTC";
@@ -322,6 +332,7 @@ function renderFleet(f) {
       el("dt", {}, "Cache hit rate"), el("dd", { dataset: { stat: "hit_rate" } }, pct(g.hit_rate),
         el("span", { class: "muted small" }, " (" + num(g.actual_cached_tokens) + " of " + num(g.prompt_tokens) + " prompt tokens)")),
       el("dt", {}, "Predicted hit rate"), el("dd", { dataset: { stat: "predicted_hit_rate" } }, pct(g.predicted_hit_rate)),
+      el("dt", {}, "TTFT prediction error"), el("dd", { dataset: { stat: "ttft_error" } }, ...ttftError(g.ttft_error)),
       el("dt", {}, "Routing decisions"), el("dd", { dataset: { stat: "decisions" } }, pairs(g.decisions)),
       el("dt", {}, "Load-only fallbacks"), el("dd", { dataset: { stat: "fallbacks" } }, pairs(g.fallbacks)));
     const rows = (g.replicas || []).map((r) => {
