@@ -9,6 +9,7 @@ prints that sizing.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,8 @@ import pytest
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher
 from tools.harness.engines import EngineReplica, reset_prefix_caches
-from tools.harness.procs import free_ports
+from tools.harness.procs import ROOT, free_ports
+from tools.harness.prometheus import PrometheusServer
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.workload import COMPARISON, COMPARISON_SEEDS, format_table, make_workload, run_workload
 
@@ -195,6 +197,46 @@ def test_streaming_with_tools(proxy: Proxy, engines: list[EngineReplica]) -> Non
         assert r.status_code == 422, (bad, r.status_code, r.text)
     rates = _health(proxy)["routing"]["groups"][KV]["rates"]
     assert sum(r["measured_ttfts"] for r in rates.values()) > 0, rates
+
+
+def test_the_dashboard_queries_answer_on_a_real_prometheus(proxy: Proxy, engines: list[EngineReplica]) -> None:
+    """A real Prometheus scrapes this proxy's /litellm-kv/metrics (with the admin key) and both engines, while
+    streamed requests go through the KV group; then every query of the Grafana dashboard is evaluated. Each must
+    be valid PromQL on these series, and the panels of what this traffic exercises must show data: routing
+    decisions, the TTFT prediction error, the predicted TTFT per replica, the engines' prefix-cache hit rate and
+    load."""
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/litellm-kv.json").read_text())
+    queries = {t["expr"]: p["title"] for p in dashboard["panels"] for t in p["targets"]}
+    host = proxy.url.removeprefix("http://")
+    prom = PrometheusServer({"litellm-kv": ("/litellm-kv/metrics", [host], MASTER_KEY),
+                             "vllm": ("/metrics", [f"127.0.0.1:{e.port}" for e in engines], None)})
+    try:
+        prom.wait_scraped()
+        system = "You answer questions about the dashboard. " * 40
+        for i in range(4):  # after the first scrape, so the counters' rates are not zero
+            body = {"model": KV, "max_tokens": 8, "stream": True, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": f"panel question {i}"}]}
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS,
+                              timeout=120) as r:
+                assert r.status_code == 200
+                r.read()
+        time.sleep(3)  # two scrapes more
+        answers = {expr: prom.query(expr) for expr in queries}
+    finally:
+        prom.stop()
+    failed = {queries[e]: a.get("error") for e, a in answers.items() if a.get("status") != "success"}
+    assert not failed, failed
+
+    def values(expr: str) -> list[float]:
+        return [float(v["value"][1]) for v in answers[expr]["data"]["result"]]
+
+    must_show = [e for e in queries if any(name in e for name in (
+        "litellm_kv_routing_decisions_total", "litellm_kv_ttft_prediction_error_seconds_bucket",
+        "litellm_kv_predicted_ttft_seconds", "vllm:prefix_cache_hits_total", "vllm:num_requests_running"))]
+    assert len(must_show) >= 7, must_show
+    empty = [queries[e] + ": " + e for e in must_show if not [v for v in values(e) if v == v]]  # NaN != NaN
+    assert not empty, empty
+    assert all(v > 0 for v in values("max by (model_group, replica) (litellm_kv_predicted_ttft_seconds)"))
 
 
 def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
