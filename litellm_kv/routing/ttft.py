@@ -452,6 +452,13 @@ def nearest_rank(sorted_xs: Sequence[float], q: float) -> float:
     return sorted_xs[max(0, math.ceil(q * len(sorted_xs)) - 1)]
 
 
+def error_quantiles(errors: Sequence[float]) -> tuple[float, float, float]:
+    """Of signed errors (at least one): the median and p90 of their absolute values and their median, by
+    :func:`nearest_rank`."""
+    absolute = sorted(abs(e) for e in errors)
+    return nearest_rank(absolute, 0.5), nearest_rank(absolute, 0.9), nearest_rank(sorted(errors), 0.5)
+
+
 class PredictionErrors:
     """Measured minus predicted TTFT of a group's latest streamed responses, exactly (the Prometheus histogram
     ``litellm_kv_ttft_prediction_error_seconds`` only gives bucket bounds). Bounded: the last ``window``
@@ -479,9 +486,7 @@ class PredictionErrors:
         (positive: responses came later than predicted), in ms."""
         out: dict[str, Any] = {"responses": self.total, "recent": len(self._recent)}
         if self._recent:
-            absolute = sorted(abs(e) for e in self._recent)
-            signed = sorted(self._recent)
-            out["abs_error_ms"] = {"p50": round(1e3 * nearest_rank(absolute, 0.5), 1),
-                                   "p90": round(1e3 * nearest_rank(absolute, 0.9), 1)}
-            out["signed_error_ms_p50"] = round(1e3 * nearest_rank(signed, 0.5), 1)
+            p50, p90, signed = error_quantiles(self._recent)
+            out["abs_error_ms"] = {"p50": round(1e3 * p50, 1), "p90": round(1e3 * p90, 1)}
+            out["signed_error_ms_p50"] = round(1e3 * signed, 1)
         return out

@@ -40,9 +40,9 @@ class Proxy:
     def stop(self) -> None:
         self.proc.stop()
 
-    def kv_health(self, group: str) -> dict[str, Any]:
-        """litellm-kv's view of one KV-routed group (``GET /litellm-kv/health``)."""
-        r = httpx.get(f"{self.url}/litellm-kv/health", headers=self.headers(), timeout=10)
+    def kv_health(self, group: str, **params: str) -> dict[str, Any]:
+        """litellm-kv's view of one KV-routed group (``GET /litellm-kv/health``, with ``params`` as its query)."""
+        r = httpx.get(f"{self.url}/litellm-kv/health", headers=self.headers(), timeout=10, params=params)
         r.raise_for_status()
         return dict(((r.json().get("routing") or {}).get("groups") or {}).get(group) or {})
 

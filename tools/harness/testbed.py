@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from litellm_kv.routing.ttft import nearest_rank
+from litellm_kv.routing.ttft import error_quantiles
 from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas, start_vl_replica
 from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
@@ -131,15 +131,12 @@ async def kv_metrics(proxy: Proxy,
     return out
 
 
-async def kv_ttft_errors(proxy: Proxy, group: str = KV, since: int | None = None) -> dict[str, Any]:
-    """The ``ttft_error`` section of ``group`` on ``GET /litellm-kv/health``: ``responses`` counts every error
+async def kv_ttft_errors(proxy: Proxy, since: int | None = None) -> dict[str, Any]:
+    """The ``ttft_error`` section of the KV group on ``GET /litellm-kv/health``: ``responses`` counts every error
     recorded; with ``since`` (an earlier ``responses``), ``since.errors_ms`` lists those recorded after it."""
     params = {"ttft_errors_since": str(since)} if since is not None else {}
-    async with httpx.AsyncClient(timeout=10) as c:
-        r = await c.get(f"{proxy.url}/litellm-kv/health", headers=proxy.headers(), params=params)
-    r.raise_for_status()
-    groups = ((r.json().get("routing") or {}).get("groups") or {})
-    return dict((groups.get(group) or {}).get("ttft_error") or {})
+    health = await asyncio.to_thread(proxy.kv_health, KV, **params)
+    return dict(health.get("ttft_error") or {})
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -237,9 +234,8 @@ def abs_error(errors_ms: Sequence[float]) -> dict[str, Any] | None:
     the errors litellm-kv recorded for a cell's responses (:attr:`Comparison.ttft_errors_ms`)."""
     if not errors_ms:
         return None
-    absolute = sorted(abs(e) for e in errors_ms)
-    return {"n": len(errors_ms), "median_ms": nearest_rank(absolute, 0.5), "p90_ms": nearest_rank(absolute, 0.9),
-            "signed_median_ms": nearest_rank(sorted(errors_ms), 0.5)}
+    median, p90, signed = error_quantiles(errors_ms)
+    return {"n": len(errors_ms), "median_ms": median, "p90_ms": p90, "signed_median_ms": signed}
 
 
 def format_abs_error(c: Comparison) -> str:
