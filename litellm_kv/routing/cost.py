@@ -167,7 +167,7 @@ class RoutingDecision:
     scores: dict[str, float]  # replica -> cost (lower is better)
     hit_tokens: dict[str, int] = field(default_factory=dict)  # replica -> predicted hit tokens
     ttft_s: dict[str, float] = field(default_factory=dict)  # replica -> predicted TTFT (TTFT model only)
-    raw_ttft_s: float = 0.0  # the chosen replica's prediction before its measured correction
+    raw_ttft_s: float = 0.0  # the chosen replica's prediction before its measured correction and offset
     visual_tokens: int = 0  # the chosen replica's uncached visual tokens (TTFT model only)
     visual_s: float = 0.0  # their part of raw_ttft_s
     visual_extra_tokens: float = 0.0  # their cost beyond the text rate, in prefill tokens at the chosen one's rate
@@ -359,7 +359,7 @@ class CostModel:
             slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
             base = ahead + own + slow
             raw[r] = base
-            t = rt.correction * base
+            t = rt.correction * base + rt.offset_s
             ttft[r] = t
             extra_s = tc.recent_weight * b * max(0.0, c.recent_prefill_tokens - c.inflight_prefill_tokens)
             if c.kv_usage is not None and c.kv_usage > cfg.kv_usage_threshold:

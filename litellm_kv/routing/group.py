@@ -77,7 +77,7 @@ RATE_GAUGE = gauge(
     "replica_rate",
     "Rates the TTFT cost model uses per replica (learned from the engine's metrics and measured TTFTs; the "
     "kv.ttft defaults before): prefill_seconds_per_token, prefill_overhead_seconds, visual_seconds_per_token, "
-    "decode_step_seconds, output_tokens, ttft_correction.",
+    "decode_step_seconds, output_tokens, ttft_correction, ttft_offset_seconds.",
     ["model_group", "replica", "rate"],
 )
 # Signed seconds (measured − predicted). Exact quantiles of the latest errors: KVGroup.ttft_errors (health).
@@ -436,6 +436,7 @@ class KVGroup:
         RATE_GAUGE.labels(self.name, replica, "decode_step_seconds").set(r.decode_step_s)
         RATE_GAUGE.labels(self.name, replica, "output_tokens").set(r.output_tokens)
         RATE_GAUGE.labels(self.name, replica, "ttft_correction").set(r.correction)
+        RATE_GAUGE.labels(self.name, replica, "ttft_offset_seconds").set(r.offset_s)
 
     def observe_ttft(self, result: RoutingResult, measured_s: float) -> None:
         """A streamed response's first content chunk came ``measured_s`` after the decision."""
@@ -447,6 +448,7 @@ class KVGroup:
                                     visual_tokens=result.uncached_visual_tokens, visual_s=result.raw_visual_s)
             rates = self.rates.rates(result.replica)
             RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(rates.correction)
+            RATE_GAUGE.labels(self.name, result.replica, "ttft_offset_seconds").set(rates.offset_s)
             RATE_GAUGE.labels(self.name, result.replica, "visual_seconds_per_token").set(rates.visual_s_per_token)
 
     def status(self, ttft_errors_since: int | None = None) -> dict[str, Any]:

@@ -126,7 +126,7 @@ class RoutingResult:
     # (the load to count), where predicted_hit_tokens is only what the engine has announced (the exactness check).
     expected_hit_tokens: int = 0
     predicted_ttft_s: dict[str, float] = field(default_factory=dict)  # TTFT model: replica -> predicted TTFT
-    raw_ttft_s: float = 0.0  # the chosen replica's predicted TTFT before its measured correction
+    raw_ttft_s: float = 0.0  # the chosen replica's predicted TTFT before its measured correction and offset
     block_size: int = 0  # of the hashes (0: none were computed)
     visual_tokens: int = 0  # image requests routed by cache: the visual tokens the placeholders were expanded to
     images: list[dict[str, Any]] = field(default_factory=list)  # per image: identifier, offset, tokens, blocks

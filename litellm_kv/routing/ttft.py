@@ -2,7 +2,7 @@
 
 A replica's time to first token for a request is modelled as
 
-    ttft = correction · (queued + own + slowdown)
+    ttft = correction · (queued + own + slowdown) + offset
     queued   = prefill_overhead_s · queued_requests + prefill_s_per_token · queued_tokens
     own      = prefill_overhead_s + prefill_s_per_token · uncached_equivalent_tokens
                + visual_s_per_token · uncached_visual_tokens
@@ -19,12 +19,17 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
 * **The engine's inter-token latency** (``vllm:inter_token_latency_seconds``): the mean of each interval
   is the decode step the replica runs now, the slowdown a chunk of prefill pays beside running decodes.
 * **The proxy's own measurements**: streamed responses give the time from the routing decision to the
-  first content chunk. The ratio of the decayed sums of measured to predicted TTFT, clamped to
-  ``correction_min`` .. ``correction_max``, corrects what the engine's figures miss (network, proxy, batching
-  effects); it is learned from the responses that computed no image. Those that did teach
-  ``visual_s_per_token``: what an uncached image costs beyond its tokens at the text rate (the engine's image
-  processing and vision encoder, which vLLM skips for an image whose blocks are cached): the decayed excess of
-  their measured TTFT over the rest of their prediction, over their decayed uncached visual tokens.
+  first content chunk. What the engine's prefill figures do not see is mostly a time per request, whatever
+  its size (the request's way through the proxy and the engine's HTTP server, its wait for the engine's next
+  step, the first decode step, the way back): the ``offset``. Rates that are off in scale (defaults far from
+  the engine) make the error grow with the prediction: the ``correction`` factor. Both come from one decayed
+  least-squares fit of measured on predicted TTFT, the factor pulled toward 1 with the weight of
+  ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary learns an offset only),
+  clamped to ``correction_min`` .. ``correction_max``, the offset to 0 .. ``offset_max_s``. It is learned from
+  the responses that computed no image. Those that did teach ``visual_s_per_token``: what an
+  uncached image costs beyond its tokens at the text rate (the engine's image processing and vision encoder,
+  which vLLM skips for an image whose blocks are cached): the decayed excess of their measured TTFT over the
+  rest of their prediction, over their decayed uncached visual tokens.
 """
 
 from __future__ import annotations
@@ -177,10 +182,18 @@ class TtftSettings:
     correction_half_life: float = doc(
         "Proxy-measured TTFTs halve in weight after this many more responses.", default=50.0
     )
-    correction_min: float = doc("Smallest factor the proxy's measured/predicted TTFT ratio may apply.",
-                                default=0.5)
-    correction_max: float = doc("Largest factor the proxy's measured/predicted TTFT ratio may apply.",
-                                default=4.0)
+    correction_min: float = doc("Smallest factor the fit of measured on predicted TTFT may apply.", default=0.5)
+    correction_max: float = doc("Largest factor the fit of measured on predicted TTFT may apply.", default=4.0)
+    correction_prior_responses: float = doc(
+        "Weight of factor 1 in the fit of measured on predicted TTFT, in responses: while the predictions hardly "
+        "vary, the fit cannot tell a factor from an offset and learns an offset only.",
+        default=5.0,
+    )
+    offset_max_s: float = doc(
+        "Largest TTFT offset (the time per request outside the engine's prefill, learned from the proxy's "
+        "measured TTFTs); a response counts at most correction_max times its prediction plus this.",
+        default=1.0,
+    )
 
     def validate(self) -> None:
         for name in ("prefill_s_per_token", "decode_step_s"):
@@ -189,7 +202,7 @@ class TtftSettings:
         for name in ("slo_ttft_s", "prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight",
                      "stall_weight", "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests",
                      "hold_ttft_s", "hold_fair_share", "hold_prior_requests", "hold_running_ratio",
-                     "hold_running_slack"):
+                     "hold_running_slack", "offset_max_s", "correction_prior_responses"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if not self.hold_half_life_s > 0:
@@ -225,11 +238,12 @@ class ReplicaRates:
     prefill_overhead_s: float
     decode_step_s: float
     output_tokens: float = 128.0
-    correction: float = 1.0
+    correction: float = 1.0  # measured TTFT per second of engine-derived prediction
     engine_prefills: float = 0.0  # prefills the fit has seen (decayed)
-    measured_ttfts: float = 0.0  # proxy-measured TTFTs behind the correction (decayed)
+    measured_ttfts: float = 0.0  # proxy-measured TTFTs behind the correction and offset (decayed)
     visual_s_per_token: float = 4.0e-5  # uncached visual token beyond the text rate
     measured_visual: float = 0.0  # proxy-measured responses with uncached images behind it (decayed)
+    offset_s: float = 0.0  # measured TTFT beyond the corrected prediction, per request
 
     @property
     def calibrated(self) -> bool:
@@ -237,11 +251,11 @@ class ReplicaRates:
 
 
 class _Learner:
-    """The learned state of one replica: a 2×2 weighted least-squares fit, a decode-step average and
-    the correction's two sums. A few floats."""
+    """The learned state of one replica: the prefill fit's decayed sums, a decode-step average and the decayed
+    sums of the fit of measured on predicted TTFT. A few floats."""
 
-    __slots__ = ("corr_meas", "corr_pred", "corr_w", "last", "nn", "ns", "nt", "out", "out_w", "rates", "step",
-                 "step_w", "vis_excess", "vis_tokens", "vis_w")
+    __slots__ = ("fit_w", "fit_x", "fit_xx", "fit_xy", "fit_y", "last", "nn", "ns", "nt", "out", "out_w", "rates",
+                 "step", "step_w", "vis_excess", "vis_tokens", "vis_w")
 
     def __init__(self, cfg: TtftSettings) -> None:
         self.last: EngineTimings | None = None
@@ -251,7 +265,8 @@ class _Learner:
         self.step_w = 0.0
         self.out = cfg.output_tokens
         self.out_w = 0.0
-        self.corr_meas = self.corr_pred = self.corr_w = 0.0
+        # Decayed sums over responses of 1, predicted (x) and measured (y) TTFT, x², x·y.
+        self.fit_w = self.fit_x = self.fit_y = self.fit_xx = self.fit_xy = 0.0
         # Decayed sums over responses that computed images: excess seconds, uncached visual tokens, responses.
         self.vis_excess = self.vis_tokens = self.vis_w = 0.0
         self.rates = ReplicaRates(cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s,
@@ -309,7 +324,7 @@ class RateBook:
                             mix(own.prefill_overhead_s, peers.prefill_overhead_s),
                             mix(own.decode_step_s, peers.decode_step_s), mix(own.output_tokens, peers.output_tokens),
                             own.correction, own.engine_prefills, own.measured_ttfts, own.visual_s_per_token,
-                            own.measured_visual)
+                            own.measured_visual, own.offset_s)
 
     def _peer_mean(self) -> ReplicaRates | None:
         """The mean rates of the calibrated replicas, None without one; kept until a replica's rates change
@@ -322,6 +337,7 @@ class RateBook:
             sum(p.prefill_s_per_token for p in peers) / n, sum(p.prefill_overhead_s for p in peers) / n,
             sum(p.decode_step_s for p in peers) / n, sum(p.output_tokens for p in peers) / n,
             sum(p.correction for p in peers) / n, visual_s_per_token=sum(p.visual_s_per_token for p in peers) / n,
+            offset_s=sum(p.offset_s for p in peers) / n,
         )
 
     def _learner(self, replica: str) -> _Learner:
@@ -387,43 +403,66 @@ class RateBook:
         prior_tokens = cfg.prior_requests * mt
         b = (max(0.0, lr.ns - a * lr.nn) + prior_tokens * cfg.prefill_s_per_token) / max(1e-9, lr.nt + prior_tokens)
         b = max(b, 1e-9)
-        corr = 1.0
-        if lr.corr_w > 0 and lr.corr_pred > 0:
-            corr = min(cfg.correction_max, max(cfg.correction_min, lr.corr_meas / lr.corr_pred))
+        corr, off = self._fit_ttft(lr)
         # Seconds per uncached visual token beyond the text rate: the decayed excess over the decayed tokens, with
         # prior_requests responses of the typical image at the default mixed in, never below zero.
         mv = lr.vis_tokens / lr.vis_w if lr.vis_w > 0 else 1000.0
         prior_vis = cfg.prior_requests * mv
         v = max(0.0, (lr.vis_excess + prior_vis * cfg.visual_s_per_token) / max(1e-9, lr.vis_tokens + prior_vis))
-        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.corr_w, v, lr.vis_w)
+        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.fit_w, v, lr.vis_w, off)
         self._peers_stale = True
+
+    def _fit_ttft(self, lr: _Learner) -> tuple[float, float]:
+        """(correction, offset): the decayed least-squares line of measured on predicted TTFT, its slope pulled
+        toward 1 with the weight of ``correction_prior_responses`` responses (in units of the predictions' mean
+        square, so the pull does not depend on their scale), then clamped; the offset is what the line leaves."""
+        cfg = self.cfg
+        w = lr.fit_w
+        if w <= 0:
+            return 1.0, 0.0
+        mean_x, mean_y, mean_xx = lr.fit_x / w, lr.fit_y / w, lr.fit_xx / w
+        var = max(0.0, mean_xx - mean_x * mean_x)
+        cov = lr.fit_xy / w - mean_x * mean_y
+        prior = cfg.correction_prior_responses * mean_xx
+        den = w * var + prior
+        corr = (w * cov + prior) / den if den > 0 else 1.0
+        if mean_y - corr * mean_x < 0:
+            # The line would cross zero above the origin (answers sooner than predicted by more than the offset
+            # could remove): no offset, the line through the origin.
+            corr = (lr.fit_xy + prior) / (lr.fit_xx + prior) if lr.fit_xx > 0 else 1.0
+        corr = min(cfg.correction_max, max(cfg.correction_min, corr))
+        off = min(cfg.offset_max_s, max(0.0, mean_y - corr * mean_x))
+        return corr, off
 
     # -- the proxy's own measurements ---------------------------------------------------------------
     def observe_ttft(self, replica: str, predicted_s: float, measured_s: float, *, visual_tokens: int = 0,
                      visual_s: float = 0.0) -> None:
-        """A response's measured time to first token against what was predicted for it (uncorrected
-        prediction). Without uncached visual tokens it teaches the correction (the ratio of the two); with
-        ``visual_tokens`` uncached visual tokens, of which ``visual_s`` seconds of the prediction, it teaches
-        ``visual_s_per_token`` instead: the measured time (at most ``correction_max`` times the prediction) beyond
-        the corrected rest of the prediction."""
+        """A response's measured time to first token against what was predicted for it (``predicted_s``: the
+        prediction before its correction and offset). Without uncached visual tokens it teaches the correction and
+        offset (a point of their fit); with ``visual_tokens`` uncached visual tokens, of which ``visual_s`` seconds
+        of the prediction, it teaches ``visual_s_per_token`` instead: the measured time beyond the corrected rest of
+        the prediction. Either way one response counts at most ``correction_max`` times its prediction plus
+        ``offset_max_s`` (a stalled one cannot throw the rates far off; rates that are truly higher still converge,
+        a bounded step per response)."""
         if not (predicted_s > 0 and measured_s >= 0 and math.isfinite(measured_s)):
             return
         lr = self._learner(replica)
+        cfg = self.cfg
+        measured_s = min(measured_s, cfg.correction_max * predicted_s + cfg.offset_max_s)
+        keep = 0.5 ** (1.0 / cfg.correction_half_life)
         if visual_tokens > 0:
-            # One response counts for at most correction_max times its prediction (a stalled one cannot throw
-            # the rate far off); a rate that is truly higher still converges, by up to that factor per pass.
-            measured_s = min(measured_s, self.cfg.correction_max * predicted_s)
-            rest = max(0.0, predicted_s - visual_s) * lr.rates.correction
-            keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
+            rest = max(0.0, predicted_s - visual_s) * lr.rates.correction + lr.rates.offset_s
             lr.vis_excess = lr.vis_excess * keep + (measured_s - rest)
             lr.vis_tokens = lr.vis_tokens * keep + visual_tokens
             lr.vis_w = lr.vis_w * keep + 1.0
             self._refit(lr)
             return
-        keep = 0.5 ** (1.0 / self.cfg.correction_half_life)
-        lr.corr_meas = lr.corr_meas * keep + measured_s
-        lr.corr_pred = lr.corr_pred * keep + predicted_s
-        lr.corr_w = lr.corr_w * keep + 1.0
+        x, y = predicted_s, measured_s
+        lr.fit_w = lr.fit_w * keep + 1.0
+        lr.fit_x = lr.fit_x * keep + x
+        lr.fit_y = lr.fit_y * keep + y
+        lr.fit_xx = lr.fit_xx * keep + x * x
+        lr.fit_xy = lr.fit_xy * keep + x * y
         self._refit(lr)
 
     def status(self) -> dict[str, dict[str, float | bool]]:
@@ -439,6 +478,7 @@ class RateBook:
                 "decode_step_ms": round(x.decode_step_s * 1e3, 3),
                 "output_tokens": round(x.output_tokens, 1),
                 "correction": round(x.correction, 3),
+                "ttft_offset_ms": round(x.offset_s * 1e3, 3),
                 "engine_prefills": round(x.engine_prefills, 1),
                 "measured_ttfts": round(x.measured_ttfts, 1),
                 "calibrated": x.calibrated,

@@ -451,7 +451,8 @@ class LitellmKV(_EventDriven):
         if raw is not None:
             r = self.replicas[idx]
             measured = self.clock() - req.arrival_s
-            self.ttft_errors.append(measured - raw * self.rates.rates(r).correction)
+            rates = self.rates.rates(r)
+            self.ttft_errors.append(measured - raw * rates.correction - rates.offset_s)
             self.rates.observe_ttft(r, raw, measured)
 
     async def on_finish(self, req: SimRequest, idx: int) -> None:

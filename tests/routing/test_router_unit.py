@@ -264,7 +264,7 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
     for _ in range(20):
         g.observe_ttft(res, 0.2)
     assert count() == before + 20
-    assert g.rates.rates(R[0]).correction == pytest.approx(2.0)
+    assert g.rates.rates(R[0]).offset_s == pytest.approx(0.1)
     # Every error exactly, on /litellm-kv/health: measured 0.2 s against the chosen replica's predicted 0.1 s.
     assert g.status()["ttft_error"] == {"responses": 20, "recent": 20, "abs_error_ms": {"p50": 100.0, "p90": 100.0},
                                         "signed_error_ms_p50": 100.0}
@@ -272,7 +272,7 @@ def test_group_learns_rates_from_scrapes_and_streamed_ttfts_and_shows_them() -> 
                                                                      "dropped": 0}
     status = g.status()
     assert status["cost_model"] == "ttft" and status["rates"][R[0]]["calibrated"]
-    assert status["rates"][R[0]]["correction"] == pytest.approx(2.0)
+    assert status["rates"][R[0]]["ttft_offset_ms"] == pytest.approx(100.0)
     assert status["slo_ttft_s"] is None
     target = KVGroup(G, KVRoutingSettings(ttft={"slo_ttft_s": 1.5}), InMemoryIndex(), None, True, "memory")
     assert target.router.cost.ttft is not None and target.router.cost.ttft.slo_ttft_s == 1.5

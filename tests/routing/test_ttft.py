@@ -30,8 +30,8 @@ def test_defaults_before_any_data() -> None:
     cfg = TtftSettings()
     book = RateBook(cfg)
     r = book.rates("never-seen")
-    assert (r.prefill_s_per_token, r.prefill_overhead_s, r.decode_step_s, r.correction) == (
-        cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s, 1.0)
+    assert (r.prefill_s_per_token, r.prefill_overhead_s, r.decode_step_s, r.correction, r.offset_s) == (
+        cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s, 1.0, 0.0)
     assert not r.calibrated
     book.observe_engine("a", EngineTimings(5.0, 10, 1000))  # a first scrape is only a baseline
     assert book.rates("a").prefill_s_per_token == cfg.prefill_s_per_token
@@ -90,32 +90,67 @@ def test_decode_step_and_output_length_follow_the_engine() -> None:
     assert r.output_tokens == pytest.approx(64.0)
 
 
-def test_measured_ttft_corrects_within_bounds() -> None:
-    cfg = TtftSettings(correction_min=0.5, correction_max=4.0)
-    book = RateBook(cfg)
-    for _ in range(50):
+def test_measured_ttft_teaches_an_offset_per_request_and_a_factor() -> None:
+    book = RateBook(TtftSettings())
+    # 90 ms outside the engine's prefill, whatever the request's size: an offset, no factor.
+    for i in range(100):
+        predicted = 0.05 if i % 2 else 0.4
+        book.observe_ttft("a", predicted_s=predicted, measured_s=predicted + 0.09)
+    r = book.rates("a")
+    assert (r.correction, r.offset_s) == (pytest.approx(1.0), pytest.approx(0.09))
+    assert book.status()["a"]["ttft_offset_ms"] == pytest.approx(90.0)
+    # Rates off in scale: every answer half as long as predicted, the factor learns it, no offset.
+    for i in range(100):
+        predicted = 0.1 if i % 2 else 0.8
+        book.observe_ttft("b", predicted_s=predicted, measured_s=0.5 * predicted)
+    # (the prior's 5 responses at factor 1 against ~72 decayed ones pull it up by a few hundredths)
+    assert (book.rates("b").correction, book.rates("b").offset_s) == (pytest.approx(0.5, abs=0.05), 0.0)
+    # Both at once (the real fleet's shape: 97 ms + 0.9 × the prediction).
+    for i in range(200):
+        predicted = (0.03, 0.1, 0.35)[i % 3]
+        book.observe_ttft("c", predicted_s=predicted, measured_s=0.097 + 0.9 * predicted)
+    r = book.rates("c")
+    assert r.correction == pytest.approx(0.9, abs=0.02) and r.offset_s == pytest.approx(0.097, abs=0.005)
+    # Predictions that hardly vary cannot tell a factor from an offset: the factor stays 1, an offset is learned.
+    for _ in range(100):
+        book.observe_ttft("d", predicted_s=0.2, measured_s=0.3)
+    r = book.rates("d")
+    assert (r.correction, r.offset_s) == (pytest.approx(1.0), pytest.approx(0.1))
+
+
+def test_the_ttft_fit_is_bounded() -> None:
+    book = RateBook(TtftSettings(correction_min=0.5, correction_max=4.0, offset_max_s=1.0))
+    # A stalled response counts at most correction_max × its prediction + offset_max_s: one 30 s answer after
+    # a steady 0.1 s offset moves the prediction by a bounded step.
+    for _ in range(100):
         book.observe_ttft("a", predicted_s=0.1, measured_s=0.2)
-    assert book.rates("a").correction == pytest.approx(2.0)
-    for _ in range(50):
-        book.observe_ttft("b", predicted_s=0.1, measured_s=5.0)
-    assert book.rates("b").correction == 4.0
-    book.observe_ttft("c", predicted_s=0.0, measured_s=1.0)  # nothing predicted: ignored
-    book.observe_ttft("c", predicted_s=0.1, measured_s=math.nan)
-    assert book.rates("c").correction == 1.0
+    book.observe_ttft("a", predicted_s=0.1, measured_s=30.0)
+    r = book.rates("a")
+    assert 0.2 < r.correction * 0.1 + r.offset_s < 0.2 + (4 * 0.1 + 1.0) / 50
+    # Far slower or far faster than predicted: the factor and the offset stay within their bounds.
+    for i in range(100):
+        book.observe_ttft("b", predicted_s=0.1 + 0.01 * (i % 5), measured_s=50.0)
+        book.observe_ttft("c", predicted_s=0.5 + 0.1 * (i % 5), measured_s=0.01)
+    assert book.rates("b").correction <= 4.0 and book.rates("b").offset_s <= 1.0
+    assert book.rates("c").correction == 0.5 and book.rates("c").offset_s == 0.0
+    book.observe_ttft("d", predicted_s=0.0, measured_s=1.0)  # nothing predicted: ignored
+    book.observe_ttft("d", predicted_s=0.1, measured_s=math.nan)
+    r = book.rates("d")
+    assert (r.correction, r.offset_s, r.measured_ttfts) == (1.0, 0.0, 0.0)
 
 
-def test_image_responses_teach_the_visual_rate_and_leave_the_correction_alone() -> None:
+def test_image_responses_teach_the_visual_rate_and_leave_the_offset_alone() -> None:
     cfg = TtftSettings(visual_s_per_token=4e-5)
     book = RateBook(cfg)
     for _ in range(30):
-        book.observe_ttft("a", predicted_s=0.1, measured_s=0.2)  # text: the correction learns 2
-    assert book.rates("a").correction == pytest.approx(2.0)
-    # Image responses: 0.08 s of their prediction was 2,000 visual tokens at the default; the rest (0.1 s at
-    # correction 2 = 0.2 s) leaves 0.2 s of a 0.4 s TTFT to the images: 1e-4 s per visual token.
+        book.observe_ttft("a", predicted_s=0.1, measured_s=0.2)  # text: the fit learns a 0.1 s offset
+    assert book.rates("a").offset_s == pytest.approx(0.1)
+    # Image responses: 0.08 s of their prediction was 2,000 visual tokens at the default; the rest (0.1 s, plus
+    # the 0.1 s offset) leaves 0.2 s of a 0.4 s TTFT to the images: 1e-4 s per visual token.
     for _ in range(200):
         book.observe_ttft("a", predicted_s=0.18, measured_s=0.4, visual_tokens=2000, visual_s=0.08)
     r = book.rates("a")
-    assert r.correction == pytest.approx(2.0)
+    assert r.offset_s == pytest.approx(0.1)
     # (prior_requests responses at the default stay mixed in: 5 against ~72 decayed measurements)
     assert r.visual_s_per_token == pytest.approx(1e-4, rel=0.06)
     assert r.measured_visual > 30
@@ -182,6 +217,10 @@ def test_settings_are_validated() -> None:
         TtftSettings(prefill_s_per_token=0).validate()
     with pytest.raises(ValueError):
         TtftSettings(correction_min=2.0).validate()
+    with pytest.raises(ValueError):
+        TtftSettings(offset_max_s=-0.1).validate()
+    with pytest.raises(ValueError):
+        TtftSettings(correction_prior_responses=-1).validate()
     with pytest.raises(ValueError):
         TtftSettings(work_weight=-1).validate()
 
