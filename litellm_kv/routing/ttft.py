@@ -158,8 +158,9 @@ class TtftSettings:
     )
     unique_by_recent_work: bool = doc(
         "A request predicted to hit nowhere goes to the replica with the least prefill work recently sent to it "
-        "(the decayed sum of kv.load.recent_half_life_s), the cost breaking ties: new prefixes spread over the "
-        "replicas by what each was given to cache, as SGLang places them by tree size. False: the lowest cost wins.",
+        "(the decayed sum of kv.load.recent_half_life_s) among those predicted to answer within the hold's TTFT "
+        "bound (all when none is), the cost breaking ties: new prefixes spread over the replicas by what each was "
+        "given to cache, as SGLang places them by tree size. False: the lowest cost wins.",
         default=True,
     )
     prior_requests: float = doc(
