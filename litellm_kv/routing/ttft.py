@@ -23,7 +23,8 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   its size (the request's way through the proxy and the engine's HTTP server, its wait for the engine's next
   step, the first decode step, the way back): the ``offset``. Rates that are off in scale (defaults far from
   the engine) make the error grow with the prediction: the ``correction`` factor. Both come from one decayed
-  least-squares fit of measured on predicted TTFT, the factor pulled toward 1 with the weight of
+  least-squares fit of measured on predicted TTFT (each response weighted 1 / its prediction, so that with no
+  offset the factor is the ratio of the decayed sums of the two), the factor pulled toward 1 with the weight of
   ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary learns an offset only),
   clamped to ``correction_min`` .. ``correction_max``, the offset to 0 .. ``offset_max_s``. It is learned from
   the responses that computed no image. Those that did teach ``visual_s_per_token``: what an
@@ -255,8 +256,8 @@ class _Learner:
     """The learned state of one replica: the prefill fit's decayed sums, a decode-step average and the decayed
     sums of the fit of measured on predicted TTFT. A few floats."""
 
-    __slots__ = ("fit_w", "fit_x", "fit_xx", "fit_xy", "fit_y", "last", "nn", "ns", "nt", "out", "out_w", "rates",
-                 "step", "step_w", "vis_excess", "vis_tokens", "vis_w")
+    __slots__ = ("fit_n", "fit_w", "fit_x", "fit_xx", "fit_xy", "fit_y", "last", "nn", "ns", "nt", "out", "out_w",
+                 "rates", "step", "step_w", "vis_excess", "vis_tokens", "vis_w")
 
     def __init__(self, cfg: TtftSettings) -> None:
         self.last: EngineTimings | None = None
@@ -266,8 +267,9 @@ class _Learner:
         self.step_w = 0.0
         self.out = cfg.output_tokens
         self.out_w = 0.0
-        # Decayed sums over responses of 1, predicted (x) and measured (y) TTFT, x², x·y.
-        self.fit_w = self.fit_x = self.fit_y = self.fit_xx = self.fit_xy = 0.0
+        # Decayed count of responses, and decayed sums over them, each weighted 1 / x, of 1, predicted (x) and
+        # measured (y) TTFT, x², x·y.
+        self.fit_n = self.fit_w = self.fit_x = self.fit_y = self.fit_xx = self.fit_xy = 0.0
         # Decayed sums over responses that computed images: excess seconds, uncached visual tokens, responses.
         self.vis_excess = self.vis_tokens = self.vis_w = 0.0
         self.rates = ReplicaRates(cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s,
@@ -410,13 +412,14 @@ class RateBook:
         mv = lr.vis_tokens / lr.vis_w if lr.vis_w > 0 else 1000.0
         prior_vis = cfg.prior_requests * mv
         v = max(0.0, (lr.vis_excess + prior_vis * cfg.visual_s_per_token) / max(1e-9, lr.vis_tokens + prior_vis))
-        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.fit_w, v, lr.vis_w, off)
+        lr.rates = ReplicaRates(b, a, lr.step, lr.out, corr, lr.nn, lr.fit_n, v, lr.vis_w, off)
         self._peers_stale = True
 
     def _fit_ttft(self, lr: _Learner) -> tuple[float, float]:
-        """(correction, offset): the decayed least-squares line of measured on predicted TTFT, its slope pulled
-        toward 1 with the weight of ``correction_prior_responses`` responses (in units of the predictions' mean
-        square, so the pull does not depend on their scale), then clamped; the offset is what the line leaves."""
+        """(correction, offset): the decayed weighted least-squares line of measured on predicted TTFT, its slope
+        pulled toward 1 with the weight of ``correction_prior_responses`` responses (in units of the predictions'
+        weighted mean square, so the pull does not depend on their scale), then clamped; the offset is what the
+        line leaves."""
         cfg = self.cfg
         w = lr.fit_w
         if w <= 0:
@@ -424,7 +427,7 @@ class RateBook:
         mean_x, mean_y, mean_xx = lr.fit_x / w, lr.fit_y / w, lr.fit_xx / w
         var = max(0.0, mean_xx - mean_x * mean_x)
         cov = lr.fit_xy / w - mean_x * mean_y
-        prior = cfg.correction_prior_responses * mean_xx
+        prior = cfg.correction_prior_responses * mean_xx * w / max(lr.fit_n, 1e-9)
         den = w * var + prior
         corr = (w * cov + prior) / den if den > 0 else 1.0
         if mean_y - corr * mean_x < 0:
@@ -458,12 +461,17 @@ class RateBook:
             lr.vis_w = lr.vis_w * keep + 1.0
             self._refit(lr)
             return
+        # Each response weighs 1 / its prediction: the fit minimizes errors relative to the prediction, so a few
+        # long prefills do not set the line for the many short ones, and with no offset the factor is the ratio
+        # of the decayed sums of measured to predicted TTFT.
         x, y = predicted_s, measured_s
-        lr.fit_w = lr.fit_w * keep + 1.0
-        lr.fit_x = lr.fit_x * keep + x
-        lr.fit_y = lr.fit_y * keep + y
-        lr.fit_xx = lr.fit_xx * keep + x * x
-        lr.fit_xy = lr.fit_xy * keep + x * y
+        wi = 1.0 / x
+        lr.fit_n = lr.fit_n * keep + 1.0
+        lr.fit_w = lr.fit_w * keep + wi
+        lr.fit_x = lr.fit_x * keep + wi * x
+        lr.fit_y = lr.fit_y * keep + wi * y
+        lr.fit_xx = lr.fit_xx * keep + wi * x * x
+        lr.fit_xy = lr.fit_xy * keep + wi * x * y
         self._refit(lr)
 
     def status(self) -> dict[str, dict[str, float | bool]]:
