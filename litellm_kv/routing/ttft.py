@@ -23,8 +23,8 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   its size (the request's way through the proxy and the engine's HTTP server, its wait for the engine's next
   step, the first decode step, the way back): the ``offset``. Rates that are off in scale (defaults far from
   the engine) make the error grow with the prediction: the ``correction`` factor. Both come from one decayed
-  least-squares fit of measured on predicted TTFT (each response weighted 1 / its prediction, so that with no
-  offset the factor is the ratio of the decayed sums of the two), the factor pulled toward 1 with the weight of
+  least-squares fit of measured on predicted TTFT (each response weighted 1 / its corrected prediction, so that
+  with no offset the factor is the ratio of the decayed sums of the two), the factor pulled toward 1 with the weight of
   ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary learns an offset only),
   clamped to ``correction_min`` .. ``correction_max``, the offset to 0 .. ``offset_max_s``. It is learned from
   the responses that computed no image. Those that did teach ``visual_s_per_token``: what an
@@ -252,6 +252,9 @@ class ReplicaRates:
         return self.engine_prefills > 0.0
 
 
+_FIT_WEIGHT_FLOOR_S = 1e-3  # the smallest corrected prediction the TTFT fit weighs by (RateBook.observe_ttft)
+
+
 class _Learner:
     """The learned state of one replica: the prefill fit's decayed sums, a decode-step average and the decayed
     sums of the fit of measured on predicted TTFT. A few floats."""
@@ -267,8 +270,8 @@ class _Learner:
         self.step_w = 0.0
         self.out = cfg.output_tokens
         self.out_w = 0.0
-        # Decayed count of responses, and decayed sums over them, each weighted 1 / x, of 1, predicted (x) and
-        # measured (y) TTFT, x², x·y.
+        # Decayed count of responses, and decayed sums over them, each weighted 1 / its corrected prediction, of 1,
+        # predicted (x) and measured (y) TTFT, x², x·y.
         self.fit_n = self.fit_w = self.fit_x = self.fit_y = self.fit_xx = self.fit_xy = 0.0
         # Decayed sums over responses that computed images: excess seconds, uncached visual tokens, responses.
         self.vis_excess = self.vis_tokens = self.vis_w = 0.0
@@ -461,11 +464,12 @@ class RateBook:
             lr.vis_w = lr.vis_w * keep + 1.0
             self._refit(lr)
             return
-        # Each response weighs 1 / its prediction: the fit minimizes errors relative to the prediction, so a few
-        # long prefills do not set the line for the many short ones, and with no offset the factor is the ratio
-        # of the decayed sums of measured to predicted TTFT.
+        # Each response weighs 1 / its corrected prediction (as the fit stands): the fit minimizes errors relative
+        # to the prediction, so a few long prefills do not set the line for the many short ones, with no offset
+        # the factor is the ratio of the decayed sums of measured to predicted TTFT, and a near-zero prediction
+        # weighs no more than the offset allows.
         x, y = predicted_s, measured_s
-        wi = 1.0 / x
+        wi = 1.0 / max(lr.rates.correction * x + lr.rates.offset_s, _FIT_WEIGHT_FLOOR_S)
         lr.fit_n = lr.fit_n * keep + 1.0
         lr.fit_w = lr.fit_w * keep + wi
         lr.fit_x = lr.fit_x * keep + wi * x

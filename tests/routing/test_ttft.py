@@ -133,6 +133,11 @@ def test_the_ttft_fit_is_bounded() -> None:
         book.observe_ttft("c", predicted_s=0.5 + 0.1 * (i % 5), measured_s=0.01)
     assert book.rates("b").correction <= 4.0 and book.rates("b").offset_s <= 1.0
     assert book.rates("c").correction == 0.5 and book.rates("c").offset_s == 0.0
+    # A near-zero prediction weighs as its corrected prediction (the offset): like one response, not a million.
+    for _ in range(100):
+        book.observe_ttft("e", predicted_s=0.1, measured_s=0.2)
+    book.observe_ttft("e", predicted_s=1e-9, measured_s=1.0)
+    assert book.rates("e").correction * 0.1 + book.rates("e").offset_s < 0.2 + 0.05
     book.observe_ttft("d", predicted_s=0.0, measured_s=1.0)  # nothing predicted: ignored
     book.observe_ttft("d", predicted_s=0.1, measured_s=math.nan)
     r = book.rates("d")
