@@ -24,13 +24,13 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   step, the first decode step, the way back): the ``offset``. Rates that are off in scale (defaults far from
   the engine) make the error grow with the prediction: the ``correction`` factor. Both come from one decayed
   least-squares fit of measured on predicted TTFT (each response weighted 1 / its corrected prediction, so that
-  with no offset the factor is the ratio of the decayed sums of the two), the factor pulled toward 1 with the weight of
-  ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary learns an offset only),
-  clamped to ``correction_min`` .. ``correction_max``, the offset to 0 .. ``offset_max_s``. It is learned from
-  the responses that computed no image. Those that did teach ``visual_s_per_token``: what an
-  uncached image costs beyond its tokens at the text rate (the engine's image processing and vision encoder,
-  which vLLM skips for an image whose blocks are cached): the decayed excess of their measured TTFT over the
-  rest of their prediction, over their decayed uncached visual tokens.
+  with no offset the factor is, but for the prior, the ratio of the decayed sums of the two), the factor pulled
+  toward 1 with the weight of ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary
+  learns an offset only), clamped to ``correction_min`` .. ``correction_max``, the offset to 0 ..
+  ``offset_max_s``. It is learned from the responses that computed no image. Those that did teach
+  ``visual_s_per_token``: what an uncached image costs beyond its tokens at the text rate (the engine's image
+  processing and vision encoder, which vLLM skips for an image whose blocks are cached): the decayed excess of
+  their measured TTFT over the rest of their prediction, over their decayed uncached visual tokens.
 """
 
 from __future__ import annotations
@@ -466,7 +466,7 @@ class RateBook:
             return
         # Each response weighs 1 / its corrected prediction (as the fit stands): the fit minimizes errors relative
         # to the prediction, so a few long prefills do not set the line for the many short ones, with no offset
-        # the factor is the ratio of the decayed sums of measured to predicted TTFT, and a near-zero prediction
+        # the factor is about the ratio of the decayed sums of measured to predicted TTFT, and a near-zero prediction
         # weighs no more than the offset allows.
         x, y = predicted_s, measured_s
         wi = 1.0 / max(lr.rates.correction * x + lr.rates.offset_s, _FIT_WEIGHT_FLOOR_S)
