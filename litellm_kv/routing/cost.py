@@ -359,7 +359,7 @@ class CostModel:
             slow = rt.decode_step_s * math.ceil((queued + new) / chunk) if running > 0 else 0.0
             base = ahead + own + slow
             raw[r] = base
-            t = rt.correction * base + rt.offset_s
+            t = rt.corrected(base)
             ttft[r] = t
             extra_s = tc.recent_weight * b * max(0.0, c.recent_prefill_tokens - c.inflight_prefill_tokens)
             if c.kv_usage is not None and c.kv_usage > cfg.kv_usage_threshold:

@@ -251,6 +251,10 @@ class ReplicaRates:
     def calibrated(self) -> bool:
         return self.engine_prefills > 0.0
 
+    def corrected(self, raw_s: float) -> float:
+        """A prediction of the cost model's formula (``raw_s`` seconds) corrected by the proxy's measurements."""
+        return self.correction * raw_s + self.offset_s
+
 
 _FIT_WEIGHT_FLOOR_S = 1e-3  # the smallest corrected prediction the TTFT fit weighs by (RateBook.observe_ttft)
 
@@ -458,7 +462,7 @@ class RateBook:
         measured_s = min(measured_s, cfg.correction_max * predicted_s + cfg.offset_max_s)
         keep = 0.5 ** (1.0 / cfg.correction_half_life)
         if visual_tokens > 0:
-            rest = max(0.0, predicted_s - visual_s) * lr.rates.correction + lr.rates.offset_s
+            rest = lr.rates.corrected(max(0.0, predicted_s - visual_s))
             lr.vis_excess = lr.vis_excess * keep + (measured_s - rest)
             lr.vis_tokens = lr.vis_tokens * keep + visual_tokens
             lr.vis_w = lr.vis_w * keep + 1.0
@@ -469,7 +473,7 @@ class RateBook:
         # the factor is about the ratio of the decayed sums of measured to predicted TTFT, and a near-zero prediction
         # weighs no more than the offset allows.
         x, y = predicted_s, measured_s
-        wi = 1.0 / max(lr.rates.correction * x + lr.rates.offset_s, _FIT_WEIGHT_FLOOR_S)
+        wi = 1.0 / max(lr.rates.corrected(x), _FIT_WEIGHT_FLOOR_S)
         lr.fit_n = lr.fit_n * keep + 1.0
         lr.fit_w = lr.fit_w * keep + wi
         lr.fit_x = lr.fit_x * keep + wi * x

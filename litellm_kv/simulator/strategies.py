@@ -451,8 +451,7 @@ class LitellmKV(_EventDriven):
         if raw is not None:
             r = self.replicas[idx]
             measured = self.clock() - req.arrival_s
-            rates = self.rates.rates(r)
-            self.ttft_errors.append(measured - raw * rates.correction - rates.offset_s)
+            self.ttft_errors.append(measured - self.rates.rates(r).corrected(raw))
             self.rates.observe_ttft(r, raw, measured)
 
     async def on_finish(self, req: SimRequest, idx: int) -> None:
