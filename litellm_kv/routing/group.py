@@ -429,6 +429,10 @@ class KVGroup:
     # -- learned rates (TTFT cost model) ---------------------------------------------------------------
     def _timings(self, replica: str, timings: EngineTimings) -> None:
         self.rates.observe_engine(replica, timings)
+        self._publish_rates(replica)
+
+    def _publish_rates(self, replica: str) -> None:
+        """The rates the cost model now uses for ``replica``, as gauges."""
         r = self.rates.rates(replica)
         RATE_GAUGE.labels(self.name, replica, "prefill_seconds_per_token").set(r.prefill_s_per_token)
         RATE_GAUGE.labels(self.name, replica, "prefill_overhead_seconds").set(r.prefill_overhead_s)
@@ -446,10 +450,7 @@ class KVGroup:
             self.ttft_errors.add(measured_s - predicted)
             self.rates.observe_ttft(result.replica, result.raw_ttft_s, measured_s,
                                     visual_tokens=result.uncached_visual_tokens, visual_s=result.raw_visual_s)
-            rates = self.rates.rates(result.replica)
-            RATE_GAUGE.labels(self.name, result.replica, "ttft_correction").set(rates.correction)
-            RATE_GAUGE.labels(self.name, result.replica, "ttft_offset_seconds").set(rates.offset_s)
-            RATE_GAUGE.labels(self.name, result.replica, "visual_seconds_per_token").set(rates.visual_s_per_token)
+            self._publish_rates(result.replica)
 
     def status(self, ttft_errors_since: int | None = None) -> dict[str, Any]:
         """What /litellm-kv/health shows of the cost model: which one decides, the learned rates, the latest
