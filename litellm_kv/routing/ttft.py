@@ -27,7 +27,9 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   with no offset the factor is, but for the prior, the ratio of the decayed sums of the two), the factor pulled
   toward 1 with the weight of ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary
   learns an offset only), clamped to ``correction_min`` .. ``correction_max``, the offset to 0 ..
-  ``offset_max_s``. It is learned from the responses that computed no image. Those that did teach
+  ``offset_max_s``. A response moves the fit at most ``correction_outlier_clip`` typical relative errors away
+  from its prediction (a robust fit: one slow answer on a cold connection does not set the offset for the next
+  hundred). It is learned from the responses that computed no image. Those that did teach
   ``visual_s_per_token``: what an uncached image costs beyond its tokens at the text rate (the engine's image
   processing and vision encoder, which vLLM skips for an image whose blocks are cached): the decayed excess of
   their measured TTFT over the rest of their prediction, over their decayed uncached visual tokens.
@@ -191,6 +193,13 @@ class TtftSettings:
         "vary, the fit cannot tell a factor from an offset and learns an offset only.",
         default=5.0,
     )
+    correction_outlier_clip: float = doc(
+        "A response moves the fit of measured on predicted TTFT at most this many typical errors away from its "
+        "corrected prediction (typical error: the replica's decayed mean of |measured - predicted| / predicted, "
+        "from one prior response at 100 %), so that a slow first request on a cold connection or a stall does "
+        "not set the offset for the responses after it; 0 turns the clip off.",
+        default=2.0,
+    )
     offset_max_s: float = doc(
         "Largest TTFT offset (the time per request outside the engine's prefill, learned from the proxy's "
         "measured TTFTs); a response counts at most correction_max times its prediction plus this.",
@@ -204,7 +213,8 @@ class TtftSettings:
         for name in ("slo_ttft_s", "prefill_overhead_s", "visual_s_per_token", "work_weight", "decode_weight",
                      "stall_weight", "output_tokens", "recent_weight", "prior_requests", "peer_prior_requests",
                      "hold_ttft_s", "hold_fair_share", "hold_prior_requests", "hold_running_ratio",
-                     "hold_running_slack", "offset_max_s", "correction_prior_responses"):
+                     "hold_running_slack", "offset_max_s", "correction_prior_responses",
+                     "correction_outlier_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if not self.hold_half_life_s > 0:
@@ -263,8 +273,8 @@ class _Learner:
     """The learned state of one replica: the prefill fit's decayed sums, a decode-step average and the decayed
     sums of the fit of measured on predicted TTFT. A few floats."""
 
-    __slots__ = ("fit_n", "fit_w", "fit_x", "fit_xx", "fit_xy", "fit_y", "last", "nn", "ns", "nt", "out", "out_w",
-                 "rates", "step", "step_w", "vis_excess", "vis_tokens", "vis_w")
+    __slots__ = ("fit_e", "fit_n", "fit_w", "fit_x", "fit_xx", "fit_xy", "fit_y", "last", "nn", "ns", "nt", "out",
+                 "out_w", "rates", "step", "step_w", "vis_excess", "vis_tokens", "vis_w")
 
     def __init__(self, cfg: TtftSettings) -> None:
         self.last: EngineTimings | None = None
@@ -277,6 +287,8 @@ class _Learner:
         # Decayed count of responses, and decayed sums over them, each weighted 1 / its corrected prediction, of 1,
         # predicted (x) and measured (y) TTFT, x², x·y.
         self.fit_n = self.fit_w = self.fit_x = self.fit_y = self.fit_xx = self.fit_xy = 0.0
+        # Decayed sum over the same responses of |measured - corrected prediction| / corrected prediction.
+        self.fit_e = 0.0
         # Decayed sums over responses that computed images: excess seconds, uncached visual tokens, responses.
         self.vis_excess = self.vis_tokens = self.vis_w = 0.0
         self.rates = ReplicaRates(cfg.prefill_s_per_token, cfg.prefill_overhead_s, cfg.decode_step_s,
@@ -473,7 +485,15 @@ class RateBook:
         # the factor is about the ratio of the decayed sums of measured to predicted TTFT, and a near-zero prediction
         # weighs no more than the offset allows.
         x, y = predicted_s, measured_s
-        wi = 1.0 / max(lr.rates.corrected(x), _FIT_WEIGHT_FLOOR_S)
+        p = max(lr.rates.corrected(x), _FIT_WEIGHT_FLOOR_S)
+        rel = (y - p) / p
+        if cfg.correction_outlier_clip > 0:
+            # At most correction_outlier_clip typical errors from the prediction, the typical error counting one
+            # prior response at 100 % (a fresh replica's first responses move the fit, but not all the way).
+            limit = cfg.correction_outlier_clip * (lr.fit_e + 1.0) / (lr.fit_n + 1.0)
+            y = p * (1.0 + max(-min(limit, 1.0), min(limit, rel)))
+        lr.fit_e = lr.fit_e * keep + abs(rel)
+        wi = 1.0 / p
         lr.fit_n = lr.fit_n * keep + 1.0
         lr.fit_w = lr.fit_w * keep + wi
         lr.fit_x = lr.fit_x * keep + wi * x

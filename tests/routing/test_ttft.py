@@ -118,6 +118,39 @@ def test_measured_ttft_teaches_an_offset_per_request_and_a_factor() -> None:
     assert (r.correction, r.offset_s) == (pytest.approx(1.0), pytest.approx(0.1))
 
 
+def test_one_slow_first_response_does_not_set_the_offset() -> None:
+    # A fresh proxy's first request to a replica waits for a cold connection (measured on the demo's fleet: a
+    # 15 ms prediction answered in 280 ms), then the replica answers 30 ms after every prediction.
+    def learn(clip: float) -> tuple[float, float]:
+        book = RateBook(TtftSettings(correction_outlier_clip=clip))
+        book.observe_ttft("a", predicted_s=0.015, measured_s=0.28)
+        for i in range(40):
+            predicted = 0.02 if i % 2 else 0.2
+            book.observe_ttft("a", predicted_s=predicted, measured_s=predicted + 0.03)
+        r = book.rates("a")
+        return r.correction, r.offset_s
+
+    correction, offset = learn(2.0)  # the default
+    assert correction == pytest.approx(1.0, abs=0.02) and offset == pytest.approx(0.03, abs=0.005)
+    correction, offset = learn(0.0)  # without the clip the first response still sets the line after 40 others
+    assert offset > 0.08 and correction < 0.8
+
+
+def test_the_clipped_fit_follows_a_replica_that_slows_down() -> None:
+    book = RateBook(TtftSettings())
+    for i in range(200):
+        predicted = 0.02 if i % 2 else 0.2
+        book.observe_ttft("a", predicted_s=predicted, measured_s=predicted + 0.03)
+    # Exact for 200 responses, then three times slower: each response moves the fit a bounded step, and the
+    # typical error it grows lets the next ones move it further.
+    for i in range(300):
+        predicted = 0.02 if i % 2 else 0.2
+        book.observe_ttft("a", predicted_s=predicted, measured_s=3 * predicted + 0.03)
+    r = book.rates("a")
+    for predicted in (0.02, 0.2):
+        assert r.corrected(predicted) == pytest.approx(3 * predicted + 0.03, rel=0.1)
+
+
 def test_the_ttft_fit_is_bounded() -> None:
     book = RateBook(TtftSettings(correction_min=0.5, correction_max=4.0, offset_max_s=1.0))
     # A stalled response counts at most correction_max × its prediction + offset_max_s: one 30 s answer after
@@ -226,6 +259,8 @@ def test_settings_are_validated() -> None:
         TtftSettings(offset_max_s=-0.1).validate()
     with pytest.raises(ValueError):
         TtftSettings(correction_prior_responses=-1).validate()
+    with pytest.raises(ValueError):
+        TtftSettings(correction_outlier_clip=-1).validate()
     with pytest.raises(ValueError):
         TtftSettings(work_weight=-1).validate()
 
