@@ -311,9 +311,16 @@ def start_vl_replicas(n: int, *, name_prefix: str = "vl", **kwargs: Any) -> list
 
 def reset_prefix_caches(reps: Sequence[EngineReplica], settle_s: float = 0.5) -> None:
     """Empty every replica's prefix cache (``POST /reset_prefix_cache``, needs ``VLLM_SERVER_DEV_MODE=1``)
-    and give the resulting ``AllBlocksCleared`` events a moment to reach the index."""
+    and give the resulting ``AllBlocksCleared`` events a moment to reach the index.
+
+    vLLM publishes KV events from its engine steps: an idle engine sends the ``AllBlocksCleared`` of a reset only
+    when it next runs a request, so until then the index still holds every cleared block and the first requests
+    routed after the reset are predicted to hit. Each replica is therefore sent one request of a few tokens
+    (shorter than a block: it stores nothing) straight after its reset."""
     for r in reps:
         httpx.post(f"{r.url}/reset_prefix_cache", timeout=30).raise_for_status()
+        httpx.post(f"{r.url}/v1/completions", json={"model": SERVED_NAME, "prompt": "reset", "max_tokens": 1},
+                   timeout=60).raise_for_status()
     time.sleep(settle_s)
 
 
