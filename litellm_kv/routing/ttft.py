@@ -28,11 +28,12 @@ Three sources feed the rates, all bounded in memory (a few floats per replica):
   toward 1 with the weight of ``correction_prior_responses`` responses (so a fleet whose predictions hardly vary
   learns an offset only), clamped to ``correction_min`` .. ``correction_max``, the offset to 0 ..
   ``offset_max_s``. A response moves the fit at most ``correction_outlier_clip`` typical relative errors away
-  from its prediction (a robust fit: one slow answer on a cold connection does not set the offset for the next
-  hundred). It is learned from the responses that computed no image. Those that did teach
-  ``visual_s_per_token``: what an uncached image costs beyond its tokens at the text rate (the engine's image
-  processing and vision encoder, which vLLM skips for an image whose blocks are cached): the decayed excess of
-  their measured TTFT over the rest of their prediction, over their decayed uncached visual tokens.
+  from its prediction (a robust fit: one answer the model could not foresee, a predicted hit the engine no
+  longer held, does not set the offset for the next hundred). It is learned from the responses that computed
+  no image. Those that did teach ``visual_s_per_token``: what an uncached image costs beyond its tokens at the
+  text rate (the engine's image processing and vision encoder, which vLLM skips for an image whose blocks are
+  cached): the decayed excess of their measured TTFT over the rest of their prediction, over their decayed
+  uncached visual tokens.
 """
 
 from __future__ import annotations
@@ -196,9 +197,9 @@ class TtftSettings:
     correction_outlier_clip: float = doc(
         "A response moves the fit of measured on predicted TTFT at most this many typical errors away from its "
         "corrected prediction (typical error: the replica's decayed mean of |measured - predicted| / predicted, "
-        "from one prior response at 100 %), so that a slow first request on a cold connection or a stall does "
-        "not set the offset for the responses after it; 0 turns the clip off.",
-        default=2.0,
+        "from one prior response at 100 %), so that an answer the model could not foresee (a predicted hit the "
+        "engine no longer held, a stall) does not set the offset for the responses after it; 0 turns the clip off.",
+        default=4.0,
     )
     offset_max_s: float = doc(
         "Largest TTFT offset (the time per request outside the engine's prefill, learned from the proxy's "
