@@ -262,16 +262,21 @@ def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
     assert len(counts) == 2 and min(counts.values()) >= 3, counts
 
 
+def _cache_blocks_on(replica: EngineReplica, text: str, requests: int) -> None:
+    """Prompts of a few blocks sent straight to one engine, then a moment for their events to reach the index."""
+    for i in range(requests):
+        httpx.post(f"{replica.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": f"{text} {i} " * 80}]})
+    time.sleep(1.0)
+
+
 def test_a_cache_reset_reaches_the_index_only_with_the_engines_next_step(
     proxy: Proxy, engines: list[EngineReplica]
 ) -> None:
     # vLLM publishes KV events from its engine steps: the AllBlocksCleared of a reset on an idle engine waits for
     # the engine's next request. reset_prefix_caches therefore sends each replica a request shorter than a block.
     target = engines[0]
-    for i in range(2):
-        httpx.post(f"{target.url}/v1/chat/completions", timeout=60, json={
-            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": f"reset me {i} " * 80}]})
-    time.sleep(1.0)
+    _cache_blocks_on(target, "reset me", 2)
     purges = _subscriber(proxy, target)["purges"]
     httpx.post(f"{target.url}/reset_prefix_cache", timeout=30).raise_for_status()
     time.sleep(1.5)
@@ -286,10 +291,7 @@ def test_a_cache_reset_reaches_the_index_only_with_the_engines_next_step(
 def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica]) -> None:
     victim = engines[1]
     # Give the victim cached blocks the index knows about, so its restart has something to purge.
-    for i in range(3):
-        httpx.post(f"{victim.url}/v1/chat/completions", timeout=60, json={
-            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": f"victim {i} " * 80}]})
-    time.sleep(1.0)
+    _cache_blocks_on(victim, "victim", 3)
     purges_before = _subscriber(proxy, victim)["purges"]
     victim.kill()
     try:
