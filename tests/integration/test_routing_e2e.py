@@ -282,10 +282,7 @@ def test_a_cache_reset_reaches_the_index_only_with_the_engines_next_step(
     time.sleep(1.5)
     assert _subscriber(proxy, target)["purges"] == purges, "an idle engine sent its reset before its next step"
     reset_prefix_caches([target])  # resets again, then the short request
-    deadline = time.monotonic() + 10
-    while _subscriber(proxy, target)["purges"] == purges and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _subscriber(proxy, target)["purges"] > purges, "the reset never reached the index"
+    proxy.proc.wait_until(lambda: _subscriber(proxy, target)["purges"] > purges, 10, "the reset reaching the index")
 
 
 def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica]) -> None:
