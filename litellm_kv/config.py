@@ -377,7 +377,8 @@ class BudgetSettings:
         "handler before the call (later periods are not asked once one failed); settling after the call runs "
         "off the response path. Budget calls run on an event loop of their own (a thread), so the deadline "
         "measures Redis and the network, not how busy the proxy is: a burst of requests does not make a "
-        "healthy Redis miss it.",
+        "healthy Redis miss it. Time that thread was not scheduled (no CPU, or another thread holding the "
+        "interpreter lock) does not count either, up to four deadlines of wall time in all.",
         default=50.0,
     )
     breaker_failures: int = doc(

@@ -21,7 +21,8 @@ A deadline measured on the proxy's own event loop also counts the time that loop
 requests: a burst that keeps it busy makes calls to a healthy Redis "late". Period budgets must tell a
 sick Redis from a busy proxy (a call that fails open lets a request run without its hold), so their
 calls run on a :class:`RedisLoop`, an event loop of their own in a thread, where the deadline measures
-Redis and the network only.
+Redis and the network only; their guard also leaves out of the deadline the time that thread was not
+scheduled at all (:class:`StallClock`).
 """
 
 from __future__ import annotations
@@ -226,10 +227,70 @@ CALLS_SKIPPED = counter(
 #: Passes of the loop a guard with ``second_look`` gives an answer that may already have arrived.
 SECOND_LOOK_PASSES = 4
 
+#: How often a guard with ``second_look`` checks, while its calls are in flight, that its loop is running.
+STALL_TICK_S = 0.005
+#: The longest a guard with ``second_look`` waits for one call, in deadlines, however long its loop stalled.
+STALL_STRETCH = 4
+
+DEADLINES_STRETCHED = counter(
+    "redis_deadlines_stretched",
+    "Redis calls whose deadline was pushed back because the store's own loop did not run for part of it "
+    "(the process was starved of CPU or of the interpreter lock, which is not Redis's time), by use.",
+    ["use"],
+)
+
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class StallClock:
+    """How long an event loop did not run while calls were in flight on it.
+
+    While at least one call is in flight a tick runs every :data:`STALL_TICK_S`; a tick that comes more
+    than another tick late means the loop's thread was not scheduled (another thread held the interpreter
+    lock, or the host gave it no CPU), and the delay beyond that slack adds to :meth:`lost`. The slack
+    absorbs the usual wait for the interpreter lock (its switch interval is 5 ms). Idle, it schedules
+    nothing.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = STALL_TICK_S) -> None:
+        self.loop = loop
+        self.tick_s = tick_s
+        self._lost = 0.0
+        self._last = 0.0
+        self._active = 0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def enter(self) -> float:
+        """A call starts: returns the mark to measure its lost time from (:meth:`lost_since`)."""
+        if self._active == 0:
+            self._last = self.loop.time()
+            self._handle = self.loop.call_at(self._last + self.tick_s, self._tick)
+        self._active += 1
+        return self.lost()
+
+    def leave(self) -> None:
+        self._active -= 1
+        if self._active == 0 and self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        self._lost += max(0.0, now - self._last - 2 * self.tick_s)
+        self._last = now
+        self._handle = self.loop.call_at(now + self.tick_s, self._tick) if self._active else None
+
+    def lost(self) -> float:
+        """Seconds the loop did not run while calls were in flight, so far (the current gap included)."""
+        if self._active == 0:
+            return self._lost
+        return self._lost + max(0.0, self.loop.time() - self._last - 2 * self.tick_s)
+
+    def lost_since(self, mark: float) -> float:
+        return self.lost() - mark
 
 
 class RedisSkipped(RedisError):
@@ -275,15 +336,20 @@ class RedisGuard:
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``scope`` names what the store serves (a model group) on ``/litellm-kv/health``.
 
-        ``second_look``: when the deadline passes, let the loop read what has already arrived before
-        giving the call up (a few passes of the loop, no waiting). A thread that was not scheduled for a
-        while wakes up to the deadline and the answer at once, and asyncio would run the deadline first;
-        meant for a loop of the store's own (:class:`RedisLoop`), where those passes cost nothing."""
+        ``second_look``: meant for a loop of the store's own (:class:`RedisLoop`), where the deadline should
+        count Redis's time only. The deadline then counts only the time that loop could run: a loop that
+        stalled (its thread starved of CPU or of the interpreter lock, see :class:`StallClock`) has the
+        deadline pushed back by the stall, up to :data:`STALL_STRETCH` deadlines in all, while a paused
+        Redis beside a running loop is given up at the deadline as before. And when the deadline passes,
+        the loop reads what has already arrived before giving the call up (a few passes, no waiting): a
+        thread that was not scheduled wakes up to the deadline and the answer at once, and asyncio would
+        run the deadline first."""
         self.use = use
         self.limits = limits
         self.scope = scope
         self.second_look = second_look
         self._clock = clock
+        self._stalls: StallClock | None = None
         self.state: BreakerState = "closed"
         self.consecutive_failures = 0
         self._opened_at = 0.0
@@ -293,6 +359,7 @@ class RedisGuard:
         self.errors = 0
         self.skipped = 0
         self.opens = 0
+        self.stretched = 0
         _GUARDS.add(self)
 
     async def run(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -327,10 +394,40 @@ class RedisGuard:
         self._succeeded()
         return result
 
+    def _stall_clock(self) -> StallClock:
+        loop = asyncio.get_running_loop()
+        if self._stalls is None or self._stalls.loop is not loop:
+            self._stalls = StallClock(loop)
+        return self._stalls
+
+    async def _wait_runnable_deadline(self, task: asyncio.Future[Any]) -> None:
+        """Wait for ``task`` until the loop has been able to run for the deadline (time it stalled does
+        not count), at most :data:`STALL_STRETCH` deadlines of wall time."""
+        stalls = self._stall_clock()
+        loop = stalls.loop
+        deadline = self.limits.deadline_ms / 1000.0
+        start, mark = loop.time(), stalls.enter()
+        give_up = start + STALL_STRETCH * deadline
+        stretched = False
+        try:
+            while not task.done():
+                now = loop.time()
+                lost = stalls.lost_since(mark)
+                left = min(start + deadline + lost, give_up) - now
+                if left <= 0:
+                    return
+                if lost > 0 and now >= start + deadline and not stretched:
+                    stretched = True
+                    self.stretched += 1
+                    DEADLINES_STRETCHED.labels(self.use.value).inc()
+                await asyncio.wait({task}, timeout=left)
+        finally:
+            stalls.leave()
+
     async def _run_looking_twice(self, call: Callable[[], Awaitable[T]]) -> T:
         task = asyncio.ensure_future(call())
         try:
-            await asyncio.wait({task}, timeout=self.limits.deadline_ms / 1000.0)
+            await self._wait_runnable_deadline(task)
             for _ in range(SECOND_LOOK_PASSES):
                 if task.done():
                     break
@@ -396,7 +493,8 @@ class RedisGuard:
             "use": self.use.value, "scope": self.scope, "state": self.state,
             "consecutive_failures": self.consecutive_failures, "probe_in_s": round(max(0.0, reopen), 3),
             "calls": self.calls, "deadline_exceeded": self.deadline_exceeded, "errors": self.errors,
-            "skipped": self.skipped, "opens": self.opens, "deadline_ms": self.limits.deadline_ms,
+            "skipped": self.skipped, "opens": self.opens, "deadlines_stretched": self.stretched,
+            "deadline_ms": self.limits.deadline_ms,
             "breaker_failures": self.limits.breaker_failures, "breaker_cooldown_s": self.limits.breaker_cooldown_s,
         }
 

@@ -325,6 +325,128 @@ async def test_second_look_takes_an_answer_that_arrived_with_the_deadline() -> N
     assert time.perf_counter() - t < 0.25
 
 
+async def test_a_stalled_loop_pushes_the_deadline_back_by_the_stall() -> None:
+    """The store's thread not scheduled for 80 ms (the interpreter lock held by another thread, or no
+    CPU) just before it sends the call: the answer comes 2 ms after the thread runs again, past the 50 ms
+    deadline, so without counting the stall the call is given up although Redis answered at once (the
+    second look does not wait for a round trip). The guard counts only the time its loop could run."""
+    loop = asyncio.get_running_loop()
+
+    async def call() -> str:
+        answer: asyncio.Future[str] = loop.create_future()
+
+        def starved() -> None:  # the thread off the CPU; the command goes out when it runs again
+            time.sleep(0.08)
+            loop.call_later(0.002, answer.set_result, "answer")
+
+        loop.call_later(0.01, starved)
+        return await answer
+
+    plain = _guard()
+    with pytest.raises(RedisDeadlineExceeded):
+        await plain.run(call)
+    looking = _guard(second_look=True)
+    t = time.perf_counter()
+    assert await looking.run(call) == "answer"
+    assert (looking.deadline_exceeded, looking.stretched) == (0, 1)
+    assert time.perf_counter() - t < 0.2
+    assert looking.status()["deadlines_stretched"] == 1
+
+
+async def test_a_running_loop_gives_a_silent_call_up_at_the_deadline() -> None:
+    """A call nobody answers while the loop runs freely costs the deadline and no more: the usual
+    wait for the interpreter lock is not counted as a stall."""
+    looking = _guard(second_look=True)
+
+    async def never() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    for _ in range(3):
+        t = time.perf_counter()
+        with pytest.raises(RedisDeadlineExceeded):
+            await looking.run(never)
+        assert 0.045 < time.perf_counter() - t < 0.1
+    assert looking.stretched == 0
+
+
+async def test_a_loop_that_keeps_stalling_gives_up_after_the_stretch() -> None:
+    """However long the loop stalls, a silent call is given up within ``STALL_STRETCH`` deadlines (and
+    the stall that straddles the last of them)."""
+    from litellm_kv.redis_client import STALL_STRETCH
+
+    loop = asyncio.get_running_loop()
+    stalling = True
+
+    def stall() -> None:
+        time.sleep(0.06)
+        if stalling:
+            loop.call_later(0.001, stall)
+
+    async def never() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    looking = _guard(second_look=True)
+    loop.call_soon(stall)
+    t = time.perf_counter()
+    try:
+        with pytest.raises(RedisDeadlineExceeded):
+            await looking.run(never)
+    finally:
+        stalling = False
+    waited = time.perf_counter() - t
+    assert STALL_STRETCH * 0.05 - 0.01 < waited < STALL_STRETCH * 0.05 + 0.1, waited
+    assert looking.stretched == 1
+
+
+async def test_an_idle_stall_clock_schedules_nothing() -> None:
+    """The stall clock ticks only while calls are in flight, and counts only what is beyond its slack."""
+    from litellm_kv.redis_client import StallClock
+
+    loop = asyncio.get_running_loop()
+    clock = StallClock(loop, tick_s=0.005)
+    mark = clock.enter()
+    time.sleep(0.05)  # the loop stalls 50 ms: 40 of them beyond the slack
+    await asyncio.sleep(0)
+    assert 0.035 < clock.lost_since(mark) < 0.06
+    clock.leave()
+    assert clock._handle is None
+    before = clock.lost()
+    time.sleep(0.03)
+    await asyncio.sleep(0)
+    assert clock.lost() == before  # idle: a stall then is no call's
+
+
+@pytest.mark.redis
+async def test_a_starved_budget_thread_does_not_make_a_healthy_redis_fail_open(redis_server: RedisServer) -> None:
+    """The limit `tokens_per_day` (`on_store_error: fail_open`): the budget store's own thread starved
+    (here: its loop blocked 70 ms at a time, as when the proxy's main thread holds the interpreter lock
+    in a long C call) while a healthy Redis answers at once. The reservation is granted and metered."""
+    from litellm_kv.redis_client import RedisLoop
+
+    own = RedisPeriodBudgets(redis_server.url, prefix="starved", guard=_guard(second_look=True),
+                             loop=RedisLoop("budgets-starved"))
+    try:
+        await own.check("key:warm", M, Period.DAY, 100, now=TF)  # connected: only the reservation is timed
+        budget_loop = own.loop.loop() if own.loop else None
+        assert budget_loop is not None
+        for i in range(5):
+            until = time.monotonic() + 0.25
+
+            def starve(until: float = until) -> None:
+                time.sleep(0.07)
+                if time.monotonic() < until:
+                    budget_loop.call_later(0.001, starve)
+
+            budget_loop.call_soon_threadsafe(starve)
+            held = await own.reserve("key:starved", M, Period.DAY, 100, 10, f"h{i}", now=TF)
+            assert (held.granted, held.metered) == (10, True), i
+        assert own.guard is not None and own.guard.deadline_exceeded == 0
+    finally:
+        await own.close()
+
+
 async def _reserve_while_the_loop_is_busy(store: RedisPeriodBudgets, busy_s: float) -> Hold:
     """Reserve while this event loop is kept busy for ``busy_s``, as by a burst of requests: between
     any two steps of the reservation (connect, handshake, load the script, run it) the loop runs 60 ms
