@@ -366,8 +366,10 @@ class BudgetSettings:
 
     on_store_error: typing.Literal["fail_open", "fail_closed"] = doc(
         "When the budget store (Redis) fails, misses its deadline or its circuit breaker is open: 'fail_open' "
-        "serves the request unmetered (as if nothing was used; warning logged, "
-        "litellm_kv_budget_store_errors_total counted); 'fail_closed' refuses requests that a period budget "
+        "serves the request without the store, within what this proxy knows is left (the usage the store last "
+        "reported for that budget, less the holds of this proxy's own requests in flight; a budget it never "
+        "saw counts as unused; warning logged, litellm_kv_budget_store_errors_total counted), so a budget it "
+        "saw spent stays spent; 'fail_closed' refuses requests that a period budget "
         "applies to with HTTP 503 and Retry-After: 5 (limit reasoning.store / vision.store).",
         default="fail_open",
     )

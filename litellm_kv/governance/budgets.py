@@ -30,8 +30,12 @@ Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes throug
 ``breaker_failures`` consecutive failures calls fail at once, without waiting on Redis, for
 ``breaker_open_s``; then one call probes it. When Redis fails, misses the
 deadline or the breaker is open, ``fail_open=True`` (the default, ``on_store_error: fail_open``) lets
-the request through as if nothing had been used (the result says ``metered=False``), logs a warning
-and counts ``litellm_kv_budget_store_errors_total``; ``fail_open=False`` raises
+the request through without the store (the result says ``metered=False``), logs a warning and counts
+``litellm_kv_budget_store_errors_total``. It is still granted only what this process knows to be left
+(:class:`LocalView`): the highest usage the store last reported for that budget, less the holds this
+process's own requests have in flight (those it took before Redis failed, and those it granted while
+failing open), so a budget it saw spent is not handed out again because Redis stopped answering;
+``fail_open=False`` raises
 :class:`BudgetStoreError` so the caller can reject (the reasoning and vision handlers turn that into
 HTTP 503).
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -198,6 +203,14 @@ class PeriodBudgets(Protocol):
         """Drop ``hold`` without charging anything (the call failed or never ran)."""
         ...
 
+    def fail_open_hold(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime
+    ) -> Hold:
+        """What a reservation gets without asking the store (``metered=False``), after the store failed
+        open for an earlier budget of the same request: what this process knows to be left, held
+        locally until settled or released."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -212,6 +225,101 @@ def _grant(limit: int, used: int, held: int, amount: int | None) -> int:
     rule as the reserve branch of :data:`_SCRIPT`)."""
     left = max(0, limit - used - held)
     return left if amount is None else max(0, min(amount, left))
+
+
+#: What a refusal adds when the state it gives came from a :class:`LocalView` (the store failed open).
+FAIL_OPEN_NOTE = ("as this proxy last saw it: the budget store is not answering, and on_store_error: fail_open "
+                  "serves only what is known to be left")
+
+#: Budgets (scope, meter, window) a :class:`LocalView` remembers; the oldest are forgotten beyond it.
+LOCAL_VIEW_BUDGETS = 16384
+
+
+@dataclass(slots=True)
+class _Known:
+    """One budget as a :class:`LocalView` knows it."""
+
+    used: int = 0
+    holds: dict[str, tuple[int, float]] | None = None  # hold id -> (amount, expiry as a UNIX time)
+
+
+class LocalView:
+    """What one process knows of its budgets without asking the store, for failing open within it.
+
+    Per budget (one counter key: scope, meter, window): the highest usage the store reported (usage only
+    grows within a window, so it is a floor of the truth however old), and the holds this process's
+    requests took and have not given back: granted by the store, or granted here while it failed open.
+    A hold whose settling failed stays, at the tokens its call used, until it would have expired. Holds
+    of other proxies are not known: failing open lets those through, as it always did. At most
+    ``capacity`` budgets are remembered; the one learnt of longest ago is forgotten first.
+    """
+
+    def __init__(self, hold_ttl_s: float, *, clock: Callable[[], float] = time.time,
+                 capacity: int = LOCAL_VIEW_BUDGETS) -> None:
+        self.hold_ttl_s = hold_ttl_s
+        self._clock = clock
+        self.capacity = capacity
+        self.budgets: dict[str, _Known] = {}
+
+    def _known(self, key: str) -> _Known:
+        known = self.budgets.get(key)
+        if known is None:
+            while len(self.budgets) >= self.capacity:
+                del self.budgets[next(iter(self.budgets))]
+            known = self.budgets[key] = _Known()
+        return known
+
+    def saw_usage(self, key: str, used: int) -> None:
+        known = self._known(key)
+        known.used = max(known.used, used)
+
+    def took(self, key: str, hold: str, amount: int) -> None:
+        if amount <= 0:
+            self.gave_back(key, hold)
+            return
+        known = self._known(key)
+        if known.holds is None:
+            known.holds = {}
+        known.holds[hold] = (amount, self._clock() + self.hold_ttl_s)
+
+    def gave_back(self, key: str, hold: str) -> None:
+        known = self.budgets.get(key)
+        if known is not None and known.holds:
+            known.holds.pop(hold, None)
+
+    def unsettled(self, key: str, hold: str, amount: int) -> None:
+        """Settling ``hold`` failed: the ``amount`` of tokens the call used is missing from the store's
+        usage, so it stays here, as that hold's amount, until the hold would have expired."""
+        known = self.budgets.get(key)
+        if known is None or not known.holds or hold not in known.holds:
+            return
+        if amount > 0:
+            known.holds[hold] = (amount, known.holds[hold][1])
+        else:
+            del known.holds[hold]
+
+    def used(self, key: str) -> int:
+        known = self.budgets.get(key)
+        return known.used if known is not None else 0
+
+    def held(self, key: str, but: str = "") -> int:
+        known = self.budgets.get(key)
+        if known is None or not known.holds:
+            return 0
+        now = self._clock()
+        for hid in [h for h, (_, until) in known.holds.items() if until < now]:
+            del known.holds[hid]
+        return sum(a for h, (a, _) in known.holds.items() if h != but)
+
+    def grant(self, key: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime) -> Hold:
+        """A reservation without the store: at most what is known to be left; held here if granted."""
+        used, held = self.used(key), self.held(key, but=hold)
+        granted = _grant(limit, used, held, amount)
+        self.took(key, hold, granted)
+        return Hold(granted, BudgetState(used, limit, period.window(now)[1], held, metered=False))
+
+    def state(self, key: str, period: Period, limit: int, now: datetime) -> BudgetState:
+        return BudgetState(self.used(key), limit, period.window(now)[1], self.held(key), metered=False)
 
 
 class MemoryPeriodBudgets:
@@ -284,6 +392,12 @@ class MemoryPeriodBudgets:
     async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
         now = now or self._clock()
         self._live_holds(self._key(scope, meter, period, now), now).pop(hold, None)
+
+    def fail_open_hold(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime
+    ) -> Hold:
+        # This store never fails open; a caller that asks anyway gets the plain unmetered grant.
+        return unmetered(period, limit, amount, now)
 
     def _forget_old(self, now: datetime) -> None:
         # Bounded memory: drop windows that ended more than the grace period ago.
@@ -370,6 +484,8 @@ class RedisPeriodBudgets:
         # was sent), so they are released once it answers again rather than left held until they expire.
         self._unsure: list[tuple[str, str, Period, str, datetime]] = []
         self._cleanup: set[asyncio.Task[None]] = set()
+        # What failing open may still grant: the usage Redis last reported and this process's own holds.
+        self.local = LocalView(hold_ttl_s)
         if client is None:
             from litellm_kv.redis_client import connect
 
@@ -440,11 +556,13 @@ class RedisPeriodBudgets:
     ) -> BudgetState:
         now = now or self._clock()
         reset_at = period.window(now)[1]
+        key = self.key(scope, meter, period, now)
         try:
             _, used, held = await self._run("check", scope, meter, period, now)
         except Exception as exc:  # connection, timeout and protocol errors alike
             self._failed("check", exc)
-            return unmetered(period, limit, None, now).state
+            return self.local.state(key, period, limit, now)
+        self.local.saw_usage(key, used)
         return BudgetState(used, limit, reset_at, held)
 
     async def charge(
@@ -456,6 +574,7 @@ class RedisPeriodBudgets:
         except Exception as exc:
             self._failed("charge", exc)
             return 0
+        self.local.saw_usage(self.key(scope, meter, period, now), int(total))
         return int(total)
 
     async def reserve(
@@ -464,6 +583,7 @@ class RedisPeriodBudgets:
     ) -> Hold:
         now = now or self._clock()
         reset_at = period.window(now)[1]
+        key = self.key(scope, meter, period, now)
         try:
             granted, used, held = await self._run(
                 "reserve", scope, meter, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
@@ -477,22 +597,34 @@ class RedisPeriodBudgets:
             if len(self._unsure) < 1024:
                 self._unsure.append((scope, meter, period, hold, now))
             self._failed("reserve", exc)
-            return unmetered(period, limit, amount, now)
+            return self.local.grant(key, period, limit, amount, hold, now)
+        self.local.saw_usage(key, used)
+        self.local.took(key, hold, granted)
         return Hold(granted, BudgetState(used, limit, reset_at, held))
+
+    def fail_open_hold(
+        self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime
+    ) -> Hold:
+        return self.local.grant(self.key(scope, meter, period, now), period, limit, amount, hold, now)
 
     async def settle(
         self, scope: str, meter: str, period: Period, hold: str, amount: int, now: datetime | None = None
     ) -> int:
         now = now or self._clock()
+        key = self.key(scope, meter, period, now)
         try:
             total, _, _ = await self._run("settle", scope, meter, period, now, hold=hold, amount=amount)
         except Exception as exc:
+            self.local.unsettled(key, hold, amount)
             self._failed("settle", exc)
             return 0
+        self.local.gave_back(key, hold)
+        self.local.saw_usage(key, total)
         return total
 
     async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
         now = now or self._clock()
+        self.local.gave_back(self.key(scope, meter, period, now), hold)  # the call used nothing
         try:
             await self._run("release", scope, meter, period, now, hold=hold)
         except Exception as exc:

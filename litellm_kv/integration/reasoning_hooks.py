@@ -25,7 +25,7 @@ from typing import Any
 
 from litellm_kv.config import Settings
 from litellm_kv.errors import ConfigError, MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, unmetered
+from litellm_kv.governance.budgets import FAIL_OPEN_NOTE, BudgetStoreError, Period, PeriodBudgets
 from litellm_kv.governance.policy import PolicyLayer
 from litellm_kv.governance.reasoning import (
     DEFAULT_TEMPLATE_KWARG,
@@ -275,7 +275,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
             if not metered:
                 # The store failed open: asking it again for the other periods would only add waits.
-                held = unmetered(pl.period, pl.limit.value, decision.budget, now)
+                held = self.budgets.fail_open_hold(pl.scope, METER, pl.period, pl.limit.value, decision.budget,
+                                                   hold_id, now)
             else:
                 try:
                     held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, decision.budget,
@@ -286,8 +287,11 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
                     raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
                                           limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
                 metered = held.metered
-            if held.metered and held.granted:
+            if held.granted:
+                # A hold granted while the store failed open is this process's own (settled like the others).
                 charge["hold"], charge["held"] = hold_id, held.granted
+                if not held.metered:
+                    charge["unmetered"] = True
             state = held.state
             if state.exhausted:
                 reset = state.reset_at.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -302,6 +306,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
                 REJECTED.labels(group, f"{pl.period.value}_budget_spent").inc()
                 retry = state.retry_after_seconds(now)
                 in_flight = f" ({state.held} more held by requests in flight)" if state.held else ""
+                if not state.metered:
+                    in_flight += f"; {FAIL_OPEN_NOTE}"
                 raise PolicyViolation(
                     429,
                     f"Reasoning token budget spent: {pl.scope_label} has used {state.used} of {state.limit} "
@@ -328,6 +334,11 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
         assert decision.budget is not None
         for ch in decision.charges:
             if ch.get("hold") and int(ch.get("held") or 0) > decision.budget:
+                if ch.get("unmetered"):
+                    held = self.budgets.fail_open_hold(ch["scope"], METER, Period(ch["period"]), int(ch["limit"]),
+                                                       decision.budget, str(ch["hold"]), now)
+                    ch["held"] = held.granted
+                    continue
                 try:
                     held = await self.budgets.reserve(ch["scope"], METER, Period(ch["period"]), int(ch["limit"]),
                                                       decision.budget, str(ch["hold"]), now=now)

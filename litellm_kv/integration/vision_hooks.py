@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.errors import MetadataError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, PeriodBudgets, unmetered
+from litellm_kv.governance.budgets import FAIL_OPEN_NOTE, BudgetState, BudgetStoreError, PeriodBudgets
 from litellm_kv.governance.images import (
     ImageBounds,
     ImageError,
@@ -297,7 +297,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                             "source": pl.limit.source, "at": now.isoformat()})
             if not metered:
                 # The store failed open: asking it again for the other periods would only add waits.
-                state = unmetered(pl.period, pl.limit.value, None, now).state
+                state = self.budgets.fail_open_hold(pl.scope, METER, pl.period, pl.limit.value, 0, "", now).state
             else:
                 try:
                     state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
@@ -314,12 +314,13 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 raise self._reject(
                     req, 429, f"vision.tokens_per_{pl.period.value}",
                     f"Visual-token budget spent: {pl.scope_label} has used {state.used} of {state.limit} visual "
-                    f"tokens this {pl.period.value} on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"tokens this {pl.period.value}{_seen(state)} on model '{req.model_group}' (limit set in "
+                    f"{pl.limit.source}). "
                     f"It resets at {reset} (in {retry} s).", state.limit, state.used, pl.limit.source, headers,
                 )
             caps.append(TokenCap(state.remaining, f"vision.tokens_per_{pl.period.value}", pl.limit, 429, headers,
                                  f"the {state.remaining} visual tokens left of the {pl.period.value} budget of "
-                                 f"{pl.scope_label} (resets {reset})"))
+                                 f"{pl.scope_label} (resets {reset}{_seen(state)})"))
         return caps, charges
 
     async def _hold(
@@ -327,21 +328,28 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
     ) -> None:
         """Reserve the request's visual tokens in every period budget before the call (settled after it):
         concurrent requests that each fit what was left cannot together spend more than is left."""
+        failed_open = False
         for pl, ch in zip(policy.periods, charges, strict=True):
-            if not total or ch.get("unmetered"):
+            if not total:
                 return
             hold_id = uuid.uuid4().hex  # ours, not the client's call id: a client cannot aim at another hold
-            try:
-                held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, total, hold_id,
-                                                  now=datetime.fromisoformat(ch["at"]))
-            except BudgetStoreError as exc:
-                await release_holds(self.budgets, METER, charges)
-                raise self._reject(req, 503, "vision.store", f"Visual-token budgets cannot be checked right now: "
-                                   f"{exc}", None, None, "", {"Retry-After": "5"}) from None
-            if not held.metered:
-                return  # the store failed open: asking it again for the other periods would only add waits
+            at = datetime.fromisoformat(ch["at"])
+            if failed_open or ch.get("unmetered"):
+                # The store failed open: asking it again would only add waits; this proxy holds what it knows.
+                held = self.budgets.fail_open_hold(pl.scope, METER, pl.period, pl.limit.value, total, hold_id, at)
+            else:
+                try:
+                    held = await self.budgets.reserve(pl.scope, METER, pl.period, pl.limit.value, total, hold_id,
+                                                      now=at)
+                except BudgetStoreError as exc:
+                    await release_holds(self.budgets, METER, charges)
+                    raise self._reject(req, 503, "vision.store", "Visual-token budgets cannot be checked right "
+                                       f"now: {exc}", None, None, "", {"Retry-After": "5"}) from None
+            failed_open = failed_open or not held.metered
             if held.granted:
                 ch["hold"], ch["held"] = hold_id, held.granted
+                if not held.metered:
+                    ch["unmetered"] = True
             if held.granted < total:
                 await release_holds(self.budgets, METER, charges)
                 state, now = held.state, datetime.now(timezone.utc)
@@ -351,7 +359,7 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                     req, 429, f"vision.tokens_per_{pl.period.value}",
                     f"Request needs {total} visual tokens; {pl.scope_label} has {state.remaining} left of "
                     f"{state.limit} visual tokens this {pl.period.value} ({state.used} used, {state.held} held by "
-                    f"requests in flight) on model '{req.model_group}' (limit set in {pl.limit.source}). "
+                    f"requests in flight{_seen(state)}) on model '{req.model_group}' (limit set in {pl.limit.source}). "
                     f"It resets at {reset} (in {retry} s).", state.limit, total, pl.limit.source,
                     {"Retry-After": str(retry), "x-litellm-kv-vision-reset": reset},
                 )
@@ -576,6 +584,11 @@ async def count_images(images: list[ImagePart], gs: GroupVisionSettings, b: Pixe
             out.append(Counted(part.where, ceiling_tokens(gs, part.detail, b, part.where), None, None, "ceiling",
                                part.detail))
     return out
+
+
+def _seen(state: BudgetState) -> str:
+    """What a refusal adds when its state is this proxy's own view (the budget store failed open)."""
+    return "" if state.metered else f"; {FAIL_OPEN_NOTE}"
 
 
 def _inline(part: ImagePart, limits: ImageBounds) -> tuple[ImageInfo, str]:

@@ -287,6 +287,69 @@ async def test_paused_redis_costs_one_deadline_then_nothing_while_the_breaker_is
         srv.stop()
 
 
+@pytest.mark.redis
+async def test_failing_open_grants_only_what_this_proxy_knows_is_left() -> None:
+    """The limit `tokens_per_day` under `on_store_error: fail_open`, against a client that can make Redis
+    stop answering (or waits for it to): a budget this proxy saw spent is not handed out again. While
+    Redis is paused a reservation gets at most the limit less the usage Redis last reported and the
+    holds of this proxy's own requests in flight; what it grants it holds, so two requests cannot take
+    the same remainder; a settle that fails keeps the call's tokens counted here."""
+    srv = RedisServer(name="redis-budgets-fail-open-view")
+    store = RedisPeriodBudgets(srv.url, fail_open=True, prefix="fov",
+                               guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(50, 2, 30.0)))
+    try:
+        await store.charge("key:a", M, Period.DAY, 950, now=TF)
+        first = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-first", now=TF)
+        assert (first.granted, first.metered) == (50, True)
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+        try:
+            spent = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-2", now=TF)
+            assert (spent.granted, spent.metered) == (0, False)
+            assert spent.state.exhausted and (spent.state.used, spent.state.held) == (950, 50)
+            # A key this proxy never saw: nothing is known, so the request is served as before.
+            other = await store.reserve("key:b", M, Period.DAY, 1000, 30, "h-b", now=TF)
+            assert (other.granted, other.metered) == (30, False)
+            # The first request is given back (its release cannot reach Redis; here it is given back).
+            await store.release("key:a", M, Period.DAY, "h-first", now=TF)
+            second = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-3", now=TF)
+            third = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-4", now=TF)
+            assert (second.granted, third.granted) == (50, 0)
+            # It used 40 and cannot settle: those 40 still count here, the unused 10 are free again.
+            await store.settle("key:a", M, Period.DAY, "h-3", 40, now=TF)
+            fourth = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-5", now=TF)
+            assert fourth.granted == 10
+            state = await store.check("key:a", M, Period.DAY, 1000, now=TF)
+            assert (state.used, state.held, state.metered) == (950, 50, False)
+            # A request that fails open on its first budget asks no more: the others come from here too.
+            later = store.fail_open_hold("key:a", M, Period.WEEK, 5000, 100, "h-w", TF)
+            assert (later.granted, later.metered) == (100, False)
+        finally:
+            srv.proc.signal(signal.SIGCONT)
+    finally:
+        await store.close()
+        srv.stop()
+
+
+def test_the_local_view_forgets_expired_holds_and_old_budgets() -> None:
+    """Memory stays bounded: holds leave with their TTL, and beyond ``capacity`` budgets the oldest go."""
+    from litellm_kv.governance.budgets import LocalView
+
+    clock = [1000.0]
+    view = LocalView(10.0, clock=lambda: clock[0], capacity=3)
+    view.saw_usage("a", 5)
+    view.saw_usage("a", 3)  # usage only grows within a window: a lower report is an older one
+    view.took("a", "h1", 7)
+    assert (view.used("a"), view.held("a")) == (5, 7)
+    clock[0] += 11
+    assert view.held("a") == 0
+    for k in ("b", "c", "d"):
+        view.saw_usage(k, 1)
+    assert list(view.budgets) == ["b", "c", "d"] and view.used("a") == 0
+    view.took("d", "h", 0)  # nothing granted: nothing held
+    assert view.held("d") == 0
+
+
 # -- the budget thread: a deadline that measures Redis, not how busy the proxy is ---------------------
 
 def _guard(deadline_ms: float = 50, *, second_look: bool = False) -> RedisGuard:

@@ -41,6 +41,8 @@ KEYS: dict[str, dict[str, Any]] = {
     "sk-burst": _reasoning_key("burst", {"tokens_per_day": DAY_LIMIT}),
     "sk-flaky": _reasoning_key("flaky", {"tokens_per_day": DAY_LIMIT}),
     "sk-steady": _reasoning_key("steady", {"tokens_per_day": 10**9}),
+    "sk-spent": _reasoning_key("spent", {"tokens_per_day": DAY_LIMIT}),
+    "sk-nearly": _reasoning_key("nearly", {"tokens_per_day": DAY_LIMIT}),
 }
 #: The budget store's settings in the fault tests: a 100 ms deadline and a breaker that opens after
 #: three failures for one second.
@@ -255,3 +257,44 @@ def test_paused_redis_fails_closed_with_503_naming_the_store(
     while time.monotonic() - resumed < 15 and _timed_chat(closed_proxy)[1].status_code != 200:
         time.sleep(0.1)
     assert _timed_chat(closed_proxy)[1].status_code == 200
+
+
+def _reasoning_tokens(resp: httpx.Response) -> int:
+    return int(((resp.json().get("usage") or {}).get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+
+
+def test_a_paused_redis_does_not_unlock_a_spent_budget(open_proxy: Proxy, redis_server: RedisServer) -> None:
+    """The limit `reasoning.tokens_per_day` with `on_store_error: fail_open`, against a client that can make
+    Redis stop answering (or waits until it does): a key this proxy saw spend its day budget is refused
+    (429, naming the proxy's own view) rather than served unmetered; a key it saw with 10 tokens left
+    thinks at most those 10 in all, however many requests it sends at once while Redis is paused.
+    Keys the proxy has never seen are served as before (`test_paused_redis_adds_at_most_the_deadline...`)."""
+    r = redis_server.client()
+    spent, nearly = _usage_key("sk-spent"), _usage_key("sk-nearly")
+    r.set(spent, DAY_LIMIT, ex=3 * 86400)
+    r.set(nearly, DAY_LIMIT - 50, ex=3 * 86400)
+    chat = {"model": "qwen", "messages": [{"role": "user", "content": "think"}]}
+    seen = httpx.post(open_proxy.url + "/v1/chat/completions", headers=open_proxy.headers("sk-spent"),
+                      json=chat, timeout=60)
+    assert seen.status_code == 429, seen.text
+    first = httpx.post(open_proxy.url + "/v1/chat/completions", headers=open_proxy.headers("sk-nearly"),
+                       json=chat, timeout=60)
+    assert first.status_code == 200 and _reasoning_tokens(first) == REASONING_WORDS, first.text
+    _settled(r, nearly)
+    assert int(r.get(nearly) or 0) == DAY_LIMIT - 10  # what the proxy saw when it settled
+    failed_before = _store_failures(open_proxy)
+    assert redis_server.proc is not None
+    redis_server.proc.signal(signal.SIGSTOP)
+    try:
+        refused = httpx.post(open_proxy.url + "/v1/chat/completions", headers=open_proxy.headers("sk-spent"),
+                             json=chat, timeout=60)
+        burst = asyncio.run(_parallel_chats(open_proxy, "sk-nearly", 8))
+    finally:
+        redis_server.proc.signal(signal.SIGCONT)
+    assert _store_failures(open_proxy) > failed_before  # Redis really was not answering
+    assert refused.status_code == 429, refused.text
+    message = refused.json()["error"]["message"]
+    assert "as this proxy last saw it" in message and "fail_open" in message, message
+    assert {resp.status_code for resp in burst} <= {200, 429}, [resp.text for resp in burst]
+    thought = sum(_reasoning_tokens(resp) for resp in burst if resp.status_code == 200)
+    assert 0 < thought <= 10, [resp.text for resp in burst]
