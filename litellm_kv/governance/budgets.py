@@ -233,6 +233,8 @@ FAIL_OPEN_NOTE = ("as this proxy last saw it: the budget store is not answering,
 
 #: Budgets (scope, meter, window) a :class:`LocalView` remembers; the oldest are forgotten beyond it.
 LOCAL_VIEW_BUDGETS = 16384
+#: Holds of one budget beyond which a :class:`LocalView` drops the expired ones before taking another.
+LOCAL_VIEW_HOLDS = 1024
 
 
 @dataclass(slots=True)
@@ -241,6 +243,7 @@ class _Known:
 
     used: int = 0
     holds: dict[str, tuple[int, float]] | None = None  # hold id -> (amount, expiry as a UNIX time)
+    granted_here: set[str] | None = None  # holds granted while the store failed open: unknown to it
 
 
 class LocalView:
@@ -273,19 +276,34 @@ class LocalView:
         known = self._known(key)
         known.used = max(known.used, used)
 
-    def took(self, key: str, hold: str, amount: int) -> None:
+    def took(self, key: str, hold: str, amount: int, *, here: bool = False) -> None:
+        """``hold`` of ``amount`` tokens, granted by the store or (``here``) while it failed open."""
         if amount <= 0:
             self.gave_back(key, hold)
             return
         known = self._known(key)
         if known.holds is None:
             known.holds = {}
+        elif len(known.holds) >= LOCAL_VIEW_HOLDS:
+            self.held(key)  # drop the expired ones (holds of calls that were never settled)
         known.holds[hold] = (amount, self._clock() + self.hold_ttl_s)
+        if here:
+            if known.granted_here is None:
+                known.granted_here = set()
+            known.granted_here.add(hold)
 
-    def gave_back(self, key: str, hold: str) -> None:
+    def gave_back(self, key: str, hold: str) -> bool:
+        """Forget ``hold``; True when it was granted here while the store failed open (the store never
+        held it, so there is nothing to release there)."""
         known = self.budgets.get(key)
-        if known is not None and known.holds:
+        if known is None:
+            return False
+        if known.holds:
             known.holds.pop(hold, None)
+        if known.granted_here and hold in known.granted_here:
+            known.granted_here.discard(hold)
+            return True
+        return False
 
     def unsettled(self, key: str, hold: str, amount: int) -> None:
         """Settling ``hold`` failed: the ``amount`` of tokens the call used is missing from the store's
@@ -309,13 +327,15 @@ class LocalView:
         now = self._clock()
         for hid in [h for h, (_, until) in known.holds.items() if until < now]:
             del known.holds[hid]
+            if known.granted_here:
+                known.granted_here.discard(hid)
         return sum(a for h, (a, _) in known.holds.items() if h != but)
 
     def grant(self, key: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime) -> Hold:
         """A reservation without the store: at most what is known to be left; held here if granted."""
         used, held = self.used(key), self.held(key, but=hold)
         granted = _grant(limit, used, held, amount)
-        self.took(key, hold, granted)
+        self.took(key, hold, granted, here=True)
         return Hold(granted, BudgetState(used, limit, period.window(now)[1], held, metered=False))
 
     def state(self, key: str, period: Period, limit: int, now: datetime) -> BudgetState:
@@ -480,8 +500,9 @@ class RedisPeriodBudgets:
         # Where the calls (and the guard's deadline) run: a loop of their own, or the caller's.
         self.loop = loop
         self._clock = clock
-        # Reservations that missed their deadline: Redis may still run them when it wakes up (the command
-        # was sent), so they are released once it answers again rather than left held until they expire.
+        # Reservations that missed their deadline (Redis may still run them when it wakes up: the command
+        # was sent) and releases that failed: released once it answers again rather than left held until
+        # they expire.
         self._unsure: list[tuple[str, str, Period, str, datetime]] = []
         self._cleanup: set[asyncio.Task[None]] = set()
         # What failing open may still grant: the usage Redis last reported and this process's own holds.
@@ -624,10 +645,15 @@ class RedisPeriodBudgets:
 
     async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
         now = now or self._clock()
-        self.local.gave_back(self.key(scope, meter, period, now), hold)  # the call used nothing
+        if self.local.gave_back(self.key(scope, meter, period, now), hold):
+            # Granted here while Redis failed open: Redis never held it (a reservation it may have run
+            # late is released once it answers again), so there is nothing to wait on it for.
+            return
         try:
             await self._run("release", scope, meter, period, now, hold=hold)
         except Exception as exc:
+            if len(self._unsure) < 1024:  # released once Redis answers again, not left until it expires
+                self._unsure.append((scope, meter, period, hold, now))
             self._failed("release", exc)
 
     async def warm(self, connections: int = WARM_CONNECTIONS, timeout_s: float = 5.0) -> None:

@@ -296,7 +296,7 @@ async def test_failing_open_grants_only_what_this_proxy_knows_is_left() -> None:
     the same remainder; a settle that fails keeps the call's tokens counted here."""
     srv = RedisServer(name="redis-budgets-fail-open-view")
     store = RedisPeriodBudgets(srv.url, fail_open=True, prefix="fov",
-                               guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(50, 2, 30.0)))
+                               guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(50, 2, 0.5)))
     try:
         await store.charge("key:a", M, Period.DAY, 950, now=TF)
         first = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-first", now=TF)
@@ -319,6 +319,14 @@ async def test_failing_open_grants_only_what_this_proxy_knows_is_left() -> None:
             await store.settle("key:a", M, Period.DAY, "h-3", 40, now=TF)
             fourth = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-5", now=TF)
             assert fourth.granted == 10
+            # Giving back a hold granted here asks Redis nothing (it never held it).
+            assert store.guard is not None
+            asked = store.guard.calls + store.guard.skipped
+            await store.release("key:a", M, Period.DAY, "h-5", now=TF)
+            assert store.guard.calls + store.guard.skipped == asked
+            await store.release("key:a", M, Period.DAY, "h-first", now=TF)  # a hold Redis granted: asked
+            assert store.guard.calls + store.guard.skipped == asked + 1
+            fourth = await store.reserve("key:a", M, Period.DAY, 1000, None, "h-5", now=TF)
             state = await store.check("key:a", M, Period.DAY, 1000, now=TF)
             assert (state.used, state.held, state.metered) == (950, 50, False)
             # A request that fails open on its first budget asks no more: the others come from here too.
@@ -326,6 +334,15 @@ async def test_failing_open_grants_only_what_this_proxy_knows_is_left() -> None:
             assert (later.granted, later.metered) == (100, False)
         finally:
             srv.proc.signal(signal.SIGCONT)
+        # The first request's hold, whose release could not reach Redis, is released once Redis answers.
+        await asyncio.sleep(0.6)  # the breaker lets a probe through
+        state = None
+        for _ in range(60):
+            state = await store.check("key:a", M, Period.DAY, 1000, now=TF)
+            if state.metered and state.held == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert state is not None and (state.metered, state.used, state.held) == (True, 950, 0)
     finally:
         await store.close()
         srv.stop()
