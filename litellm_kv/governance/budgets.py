@@ -32,7 +32,7 @@ Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes throug
 deadline or the breaker is open, ``fail_open=True`` (the default, ``on_store_error: fail_open``) lets
 the request through without the store (the result says ``metered=False``), logs a warning and counts
 ``litellm_kv_budget_store_errors_total``. It is still granted only what this process knows to be left
-(:class:`LocalView`): the highest usage the store last reported for that budget, less the holds this
+(:class:`LocalView`): the usage the store last reported for that budget, less the holds this
 process's own requests have in flight (those it took before Redis failed, and those it granted while
 failing open), so a budget it saw spent is not handed out again because Redis stopped answering;
 ``fail_open=False`` raises
@@ -249,8 +249,9 @@ class _Known:
 class LocalView:
     """What one process knows of its budgets without asking the store, for failing open within it.
 
-    Per budget (one counter key: scope, meter, window): the highest usage the store reported (usage only
-    grows within a window, so it is a floor of the truth however old), and the holds this process's
+    Per budget (one counter key: scope, meter, window): the usage the store last reported (requests only
+    add to it, so it is a floor of the truth however old, unless an operator lowered the counter by
+    hand: that is believed once the store reports it), and the holds this process's
     requests took and have not given back: granted by the store, or granted here while it failed open.
     A hold whose settling failed stays, at the tokens its call used, until it would have expired. Holds
     of other proxies are not known: failing open lets those through, as it always did. At most
@@ -273,8 +274,7 @@ class LocalView:
         return known
 
     def saw_usage(self, key: str, used: int) -> None:
-        known = self._known(key)
-        known.used = max(known.used, used)
+        self._known(key).used = used
 
     def took(self, key: str, hold: str, amount: int, *, here: bool = False) -> None:
         """``hold`` of ``amount`` tokens, granted by the store or (``here``) while it failed open."""

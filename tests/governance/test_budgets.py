@@ -354,8 +354,8 @@ def test_the_local_view_forgets_expired_holds_and_old_budgets() -> None:
 
     clock = [1000.0]
     view = LocalView(10.0, clock=lambda: clock[0], capacity=3)
-    view.saw_usage("a", 5)
-    view.saw_usage("a", 3)  # usage only grows within a window: a lower report is an older one
+    view.saw_usage("a", 3)
+    view.saw_usage("a", 5)  # the store's last word
     view.took("a", "h1", 7)
     assert (view.used("a"), view.held("a")) == (5, 7)
     clock[0] += 11
