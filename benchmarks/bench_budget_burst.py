@@ -10,16 +10,21 @@ overshoot when charges were lost), how many budget calls
 failed open (``litellm_kv_budget_store_errors_total``), how many missed the deadline
 (``litellm_kv_redis_call_failures_total{use="budgets"}``) and the requests' latency.
 
+With ``--paused`` Redis does not answer during the burst (redis-server stopped with SIGSTOP just before
+it, resumed once every answer is in): one probe request first lets the proxy see the budget (it asks for
+a thinking budget of 1 token), so the burst shows what failing open grants on a budget the proxy knows.
+
 The upstream is the local fake (``tests/support/fake_upstream.py``) standing in for a reasoning engine:
 no reasoning model can be driven tens of times in parallel on a CPU test machine.
 
-    .venv/bin/python -m benchmarks.bench_budget_burst --burst 20 --rounds 5
+    .venv/bin/python -m benchmarks.bench_budget_burst --burst 20 --rounds 5 [--paused]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import time
 from datetime import datetime, timezone
@@ -37,8 +42,8 @@ LIMIT = 100_000
 KEY = "sk-burst"
 
 
-def _usage_key() -> str:
-    token = UserAPIKeyAuth(api_key=KEY, token=f"hashed-{KEY}").token
+def _usage_key(api_key: str = KEY) -> str:
+    token = UserAPIKeyAuth(api_key=api_key, token=f"hashed-{api_key}").token
     return f"litellm_kv:budget:{{key:{token}}}:reasoning_tokens:day:{Period.DAY.window_id(datetime.now(timezone.utc))}"
 
 
@@ -58,12 +63,12 @@ def _counts(proxy: Proxy) -> tuple[float, float]:
             _metric(text, "litellm_kv_redis_call_failures_total", use="budgets"))
 
 
-async def _burst(proxy: Proxy, n: int) -> list[tuple[float, int, int]]:
+async def _burst(proxy: Proxy, n: int, api_key: str) -> list[tuple[float, int, int]]:
     payload = {"model": "qwen", "messages": [{"role": "user", "content": "think hard"}]}
 
     async def one(client: httpx.AsyncClient) -> tuple[float, int, int]:
         t = time.perf_counter()
-        r = await client.post(proxy.url + "/v1/chat/completions", json=payload, headers=proxy.headers(KEY))
+        r = await client.post(proxy.url + "/v1/chat/completions", json=payload, headers=proxy.headers(api_key))
         used = 0
         if r.status_code == 200:
             details = (r.json().get("usage") or {}).get("completion_tokens_details") or {}
@@ -74,13 +79,38 @@ async def _burst(proxy: Proxy, n: int) -> list[tuple[float, int, int]]:
         return list(await asyncio.gather(*[one(client) for _ in range(n)]))
 
 
-def run_round(proxy: Proxy, srv: RedisServer, n: int, left: int) -> dict[str, Any]:
+def _probe(proxy: Proxy, api_key: str) -> None:
+    """One request thinking at most 1 token: the proxy reads the budget's usage from Redis (and charges 1)."""
+    payload = {"model": "qwen", "messages": [{"role": "user", "content": "probe"}], "thinking_token_budget": 1}
+    resp = httpx.post(proxy.url + "/v1/chat/completions", json=payload, headers=proxy.headers(api_key), timeout=60)
+    resp.raise_for_status()
+
+
+def run_round(proxy: Proxy, srv: RedisServer, n: int, left: int, *, paused: bool = False,
+              api_key: str = KEY) -> dict[str, Any]:
+    """One burst on ``api_key`` (a key of its own per paused round: what a proxy knows of a budget it could
+    not settle stays with it, and the next round's reset of the counter would meet it)."""
     r = srv.client()
-    key = _usage_key()
+    key = _usage_key(api_key)
     r.delete(key, key + ":holds", key + ":hold_until")
-    r.set(key, LIMIT - left, ex=3 * 86400)
+    r.set(key, LIMIT - left - (1 if paused else 0), ex=3 * 86400)
+    if paused:
+        _probe(proxy, api_key)
+        for _ in range(80):  # its hold settled: the proxy saw the usage the burst starts from
+            if r.hlen(key + ":holds") == 0:
+                break
+            time.sleep(0.05)
+        left = LIMIT - int(r.get(key) or 0)
     fails_before, misses_before = _counts(proxy)
-    results = asyncio.run(_burst(proxy, n))
+    if paused:
+        assert srv.proc is not None
+        srv.proc.signal(signal.SIGSTOP)
+    try:
+        results = asyncio.run(_burst(proxy, n, api_key))
+    finally:
+        if paused:
+            assert srv.proc is not None
+            srv.proc.signal(signal.SIGCONT)
     for _ in range(80):
         if r.hlen(key + ":holds") == 0:
             break
@@ -107,6 +137,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--left", type=int, default=50, help="tokens left of the day budget before each burst")
     ap.add_argument("--label", default="", help="printed with every line (which code ran)")
+    ap.add_argument("--paused", action="store_true", help="Redis paused (SIGSTOP) during each burst")
     args = ap.parse_args()
     srv = RedisServer(name="redis-bench-burst")
     upstream, url = start_fake_upstream("burst-reasoner", "--reasoning-words", "40", "--report-reasoning-tokens",
@@ -117,17 +148,19 @@ def main() -> None:
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
         "litellm_kv": {"redis_url": srv.url, "model_groups": {"qwen": {"reasoning": {"style": "vllm"}}}},
     }
-    keys = {KEY: {"key_alias": "burst", "metadata": {"litellm_kv": {"reasoning": {"tokens_per_day": LIMIT}}}}}
+    limits = {"metadata": {"litellm_kv": {"reasoning": {"tokens_per_day": LIMIT}}}}
+    round_keys = [f"{KEY}-{i}" if args.paused else KEY for i in range(args.rounds)]
+    keys = {k: {"key_alias": k.removeprefix("sk-"), **limits} for k in {KEY, *round_keys}}
     proxy: Proxy | None = None
     try:
         proxy = start_proxy(config, name="litellm-bench-burst", keys=keys,
                             env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
         run_round(proxy, srv, 2, LIMIT)  # warm-up: first-request imports and connections
-        rounds = [run_round(proxy, srv, args.burst, args.left) for _ in range(args.rounds)]
+        rounds = [run_round(proxy, srv, args.burst, args.left, paused=args.paused, api_key=k) for k in round_keys]
         for i, row in enumerate(rounds):
             print(f"{args.label} round {i}: " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
         over = [row["overshoot"] for row in rounds]
-        print(f"{args.label} burst={args.burst} left={args.left}: overshoot max {max(over)} "
+        print(f"{args.label} burst={args.burst} left={args.left} paused={args.paused}: overshoot max {max(over)} "
               f"(rounds over the limit: {sum(1 for o in over if o > 0)}/{len(over)}); fail_open total "
               f"{sum(row['fail_open'] for row in rounds)}; p50 {statistics.median(r['p50_ms'] for r in rounds)} ms; "
               f"max {max(r['max_ms'] for r in rounds)} ms", flush=True)
