@@ -156,6 +156,12 @@ def _store_failures(proxy: Proxy) -> float:
     return proxy.metric_by("litellm_kv_budget_store_errors_total", "outcome").get("fail_open", 0.0)
 
 
+def _budget_store_guard(proxy: Proxy) -> list[dict[str, Any]]:
+    """The budget store's deadline and breaker counters (``/litellm-kv/health`` → ``redis``), for failure messages."""
+    r = httpx.get(proxy.url + "/litellm-kv/health", headers=proxy.headers(), timeout=10)
+    return [g for g in (r.json().get("redis") or []) if g.get("use") == "budgets"]
+
+
 def test_tokens_per_day_is_not_overspent_by_concurrent_requests(stack: dict[str, Any]) -> None:
     """The limit `reasoning.tokens_per_day`: twenty parallel requests on a budget with 50 tokens left,
     with the budget store's default deadline and `on_store_error: fail_open` on a healthy Redis.
@@ -174,9 +180,11 @@ def test_tokens_per_day_is_not_overspent_by_concurrent_requests(stack: dict[str,
     assert any(resp.status_code == 200 for resp in responses)
     _settled(r, key)
     used = int(r.get(key) or 0)
-    assert used <= DAY_LIMIT, f"{used - DAY_LIMIT} tokens over the tokens_per_day limit"
+    failed = _store_failures(stack["proxy"]) - failed_before
+    guard = _budget_store_guard(stack["proxy"])
+    assert used <= DAY_LIMIT, f"{used - DAY_LIMIT} tokens over the tokens_per_day limit ({failed} failed open; {guard})"
     assert used > DAY_LIMIT - 50  # what was left was used, not lost to holds
-    assert _store_failures(stack["proxy"]) == failed_before
+    assert failed == 0, f"budget calls failed open on a healthy Redis: {guard}"
     for resp in responses:
         if resp.status_code == 429:
             assert "reasoning.tokens_per_day" in resp.text or "Reasoning token budget spent" in resp.text
