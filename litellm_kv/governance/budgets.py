@@ -208,7 +208,7 @@ class PeriodBudgets(Protocol):
     ) -> Hold:
         """What a reservation gets without asking the store (``metered=False``), after the store failed
         open for an earlier budget of the same request: what this process knows to be left, held
-        locally until settled or released."""
+        locally until settled or released. ``amount=0`` holds nothing: the answer's state alone."""
         ...
 
     async def close(self) -> None: ...
@@ -218,6 +218,12 @@ def unmetered(period: Period, limit: int, amount: int | None, now: datetime) -> 
     """What failing open answers: a hold of the ask (at most the whole limit) as if nothing were used,
     marked ``metered=False`` (nothing is held anywhere)."""
     return Hold(_grant(limit, 0, 0, amount), BudgetState(0, limit, period.window(now)[1], metered=False))
+
+
+def _drop_expired(holds: dict[str, Any], ts: float) -> None:
+    """Remove the holds whose expiry (the second item of each value, a UNIX time) is before ``ts``."""
+    for hid in [h for h, v in holds.items() if v[1] < ts]:
+        del holds[hid]
 
 
 def _grant(limit: int, used: int, held: int, amount: int | None) -> int:
@@ -242,8 +248,8 @@ class _Known:
     """One budget as a :class:`LocalView` knows it."""
 
     used: int = 0
-    holds: dict[str, tuple[int, float]] | None = None  # hold id -> (amount, expiry as a UNIX time)
-    granted_here: set[str] | None = None  # holds granted while the store failed open: unknown to it
+    # hold id -> (amount, expiry as a UNIX time, granted here while the store failed open: unknown to it)
+    holds: dict[str, tuple[int, float, bool]] | None = None
 
 
 class LocalView:
@@ -285,25 +291,15 @@ class LocalView:
         if known.holds is None:
             known.holds = {}
         elif len(known.holds) >= LOCAL_VIEW_HOLDS:
-            self.held(key)  # drop the expired ones (holds of calls that were never settled)
-        known.holds[hold] = (amount, self._clock() + self.hold_ttl_s)
-        if here:
-            if known.granted_here is None:
-                known.granted_here = set()
-            known.granted_here.add(hold)
+            _drop_expired(known.holds, self._clock())  # holds of calls that were never settled
+        known.holds[hold] = (amount, self._clock() + self.hold_ttl_s, here)
 
     def gave_back(self, key: str, hold: str) -> bool:
         """Forget ``hold``; True when it was granted here while the store failed open (the store never
         held it, so there is nothing to release there)."""
         known = self.budgets.get(key)
-        if known is None:
-            return False
-        if known.holds:
-            known.holds.pop(hold, None)
-        if known.granted_here and hold in known.granted_here:
-            known.granted_here.discard(hold)
-            return True
-        return False
+        gone = known.holds.pop(hold, None) if known is not None and known.holds else None
+        return gone is not None and gone[2]
 
     def unsettled(self, key: str, hold: str, amount: int) -> None:
         """Settling ``hold`` failed: the ``amount`` of tokens the call used is missing from the store's
@@ -312,7 +308,7 @@ class LocalView:
         if known is None or not known.holds or hold not in known.holds:
             return
         if amount > 0:
-            known.holds[hold] = (amount, known.holds[hold][1])
+            known.holds[hold] = (amount, *known.holds[hold][1:])
         else:
             del known.holds[hold]
 
@@ -324,12 +320,8 @@ class LocalView:
         known = self.budgets.get(key)
         if known is None or not known.holds:
             return 0
-        now = self._clock()
-        for hid in [h for h, (_, until) in known.holds.items() if until < now]:
-            del known.holds[hid]
-            if known.granted_here:
-                known.granted_here.discard(hid)
-        return sum(a for h, (a, _) in known.holds.items() if h != but)
+        _drop_expired(known.holds, self._clock())
+        return sum(a for h, (a, _, _) in known.holds.items() if h != but)
 
     def grant(self, key: str, period: Period, limit: int, amount: int | None, hold: str, now: datetime) -> Hold:
         """A reservation without the store: at most what is known to be left; held here if granted."""
@@ -362,9 +354,7 @@ class MemoryPeriodBudgets:
         holds = self._holds.get(key)
         if holds is None:
             return {}
-        ts = now.timestamp()
-        for hid in [h for h, (_, until) in holds.items() if until < ts]:
-            del holds[hid]
+        _drop_expired(holds, now.timestamp())
         return holds
 
     async def check(
@@ -554,15 +544,14 @@ class RedisPeriodBudgets:
         while self._unsure:
             scope, meter, period, hold, at = self._unsure.pop()
             try:
-                await self._run("release", scope, meter, period, at, hold=hold)
+                await self._run("release", self.key(scope, meter, period, at), period, at, hold=hold)
             except Exception:
                 return  # Redis is failing again; what is left expires by itself
 
     async def _run(
-        self, op: str, scope: str, meter: str, period: Period, now: datetime, *, hold: str = "",
-        amount: int = 0, limit: int = 0,
+        self, op: str, key: str, period: Period, now: datetime, *, hold: str = "", amount: int = 0, limit: int = 0,
     ) -> tuple[int, int, int]:
-        key = self.key(scope, meter, period, now)
+        """``op`` on the budget counter ``key`` (:meth:`key`) of ``period``'s window at ``now``."""
         expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
         ts = now.timestamp()
         raw = await self._guarded(lambda: self._script(
@@ -579,7 +568,7 @@ class RedisPeriodBudgets:
         reset_at = period.window(now)[1]
         key = self.key(scope, meter, period, now)
         try:
-            _, used, held = await self._run("check", scope, meter, period, now)
+            _, used, held = await self._run("check", key, period, now)
         except Exception as exc:  # connection, timeout and protocol errors alike
             self._failed("check", exc)
             return self.local.state(key, period, limit, now)
@@ -590,12 +579,13 @@ class RedisPeriodBudgets:
         self, scope: str, meter: str, period: Period, amount: int, now: datetime | None = None
     ) -> int:
         now = now or self._clock()
+        key = self.key(scope, meter, period, now)
         try:
-            total, _, _ = await self._run("charge", scope, meter, period, now, amount=amount)
+            total, _, _ = await self._run("charge", key, period, now, amount=amount)
         except Exception as exc:
             self._failed("charge", exc)
             return 0
-        self.local.saw_usage(self.key(scope, meter, period, now), int(total))
+        self.local.saw_usage(key, int(total))
         return int(total)
 
     async def reserve(
@@ -607,7 +597,7 @@ class RedisPeriodBudgets:
         key = self.key(scope, meter, period, now)
         try:
             granted, used, held = await self._run(
-                "reserve", scope, meter, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
+                "reserve", key, period, now, hold=hold, amount=-1 if amount is None else amount, limit=limit
             )
         except asyncio.CancelledError:
             # The request went away mid-call: Redis may have taken the hold all the same.
@@ -634,7 +624,7 @@ class RedisPeriodBudgets:
         now = now or self._clock()
         key = self.key(scope, meter, period, now)
         try:
-            total, _, _ = await self._run("settle", scope, meter, period, now, hold=hold, amount=amount)
+            total, _, _ = await self._run("settle", key, period, now, hold=hold, amount=amount)
         except Exception as exc:
             self.local.unsettled(key, hold, amount)
             self._failed("settle", exc)
@@ -645,12 +635,13 @@ class RedisPeriodBudgets:
 
     async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
         now = now or self._clock()
-        if self.local.gave_back(self.key(scope, meter, period, now), hold):
+        key = self.key(scope, meter, period, now)
+        if self.local.gave_back(key, hold):
             # Granted here while Redis failed open: Redis never held it (a reservation it may have run
             # late is released once it answers again), so there is nothing to wait on it for.
             return
         try:
-            await self._run("release", scope, meter, period, now, hold=hold)
+            await self._run("release", key, period, now, hold=hold)
         except Exception as exc:
             if len(self._unsure) < 1024:  # released once Redis answers again, not left until it expires
                 self._unsure.append((scope, meter, period, hold, now))
