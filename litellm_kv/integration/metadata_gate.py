@@ -17,20 +17,26 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from litellm_kv.governance.metadata import FieldError, validate_metadata
+from litellm_kv.integration.asgi import (
+    ASGIApp,
+    BodyTooLarge,
+    Receive,
+    Scope,
+    Send,
+    answer,
+    app_path,
+    read_body,
+    replay,
+    wrap_app,
+)
 from litellm_kv.observability import counter
 
 log = logging.getLogger("litellm_kv")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Largest body of a gated route that is read and checked; a bigger one is refused (413), never let
 #: through unchecked. Key and team writes are a few KiB.
@@ -140,81 +146,36 @@ class MetadataGate:
         self.metadata_key = metadata_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = None
-        if scope.get("type") == "http":
-            path = str(scope.get("path", ""))
-            root = str(scope.get("root_path", "") or "")
-            if root and path.startswith(root):
-                path = path[len(root):]
-            route = gated_route(str(scope.get("method", "")), path)
+        route = gated_route(str(scope.get("method", "")), app_path(scope)) if scope.get("type") == "http" else None
         if route is None:
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message.get("type") != "http.request":
-                # The client went away before the body was complete: nothing to store.
-                return
-            chunk = bytes(message.get("body", b""))
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                await _answer(send, 413, {"error": {
-                    "message": f"litellm-kv: a key or team write is limited to {MAX_BODY_BYTES} bytes",
-                    "type": "request_too_large", "code": "413"}})
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        raw = b"".join(chunks)
+        try:
+            raw = await read_body(receive, MAX_BODY_BYTES)
+        except BodyTooLarge:
+            await answer(send, 413, {"error": {
+                "message": f"litellm-kv: a key or team write is limited to {MAX_BODY_BYTES} bytes",
+                "type": "request_too_large", "code": "413"}})
+            return
+        if raw is None:
+            return  # the client went away before the body was complete: nothing to store
         try:
             errors = check_body(route, raw, self.metadata_key())
         except Exception:
             # A limit is at stake: do not store what could not be checked.
             log.exception("litellm-kv: cannot check the metadata of %s %s", route.method, route.pattern.pattern)
-            await _answer(send, 500, {"error": {
+            await answer(send, 500, {"error": {
                 "message": "litellm-kv could not check the litellm_kv metadata; nothing was saved",
                 "type": "internal_error", "code": "500"}})
             return
         if errors:
             REFUSED.labels(route.pattern.pattern).inc()
-            await _answer(send, 400, refusal(errors))
+            await answer(send, 400, refusal(errors))
             return
-        await self.app(scope, _replay(raw, receive), send)
-
-
-def _replay(raw: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-async def _answer(send: Send, status: int, body: Mapping[str, Any]) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+        await self.app(scope, replay(raw, receive), send)
 
 
 def install(app: Any, metadata_key: Callable[[], str]) -> None:
-    """Put the gate in front of ``app`` (a Starlette/FastAPI app), once.
-
-    LiteLLM loads callbacks while its app runs its lifespan, after Starlette has built the middleware
-    stack (``add_middleware`` then refuses); the built stack is wrapped instead. Before that, the gate
-    is added as an ordinary middleware.
-    """
-    if getattr(app.state, "litellm_kv_metadata_gate", False):
-        return
-    app.state.litellm_kv_metadata_gate = True
-    if app.middleware_stack is None:
-        app.add_middleware(MetadataGate, metadata_key=metadata_key)
-    else:
-        app.middleware_stack = MetadataGate(app.middleware_stack, metadata_key)
+    """Put the gate in front of ``app`` (a Starlette/FastAPI app), once (see :func:`asgi.wrap_app`)."""
+    wrap_app(app, "litellm_kv_metadata_gate", lambda inner: MetadataGate(inner, metadata_key), MetadataGate,
+             metadata_key=metadata_key)
