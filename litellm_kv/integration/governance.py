@@ -62,12 +62,29 @@ async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mu
                         meter.replace("_", " "), ch["scope"])
 
 
-#: LiteLLM call types of the endpoints other than /v1/chat/completions, by the path a client calls. Their
-#: answers come in usage and content shapes the governance handlers do not measure (Responses ``usage``
-#: and ``reasoning`` items, Anthropic ``usage`` and ``thinking`` blocks), so a group whose limits a handler
-#: enforces refuses them rather than serve them unmetered.
-UNMETERED_ENDPOINTS = {"aresponses": "/v1/responses", "responses": "/v1/responses",
-                       "_aresponses_websocket": "/v1/responses", "anthropic_messages": "/v1/messages"}
+#: The LiteLLM call types a group with reasoning or vision limits serves: those of /v1/chat/completions, the
+#: one endpoint whose requests, answers and usage the governance handlers read and charge. Any other call
+#: type is refused on such a group (an allowlist: an endpoint LiteLLM adds later is refused until it is read).
+METERED_CALL_TYPES = frozenset({"acompletion", "completion"})
+
+#: Where a client sent the call types refused there, for the refusal's message (others are named by type).
+_ENDPOINT_OF = {"aresponses": "/v1/responses", "responses": "/v1/responses", "_aresponses_websocket": "/v1/responses",
+                "anthropic_messages": "/v1/messages", "aanthropic_messages": "/v1/messages",
+                "atext_completion": "/v1/completions", "text_completion": "/v1/completions",
+                "aembedding": "/v1/embeddings", "embedding": "/v1/embeddings",
+                "pass_through_endpoint": "a pass-through route", "allm_passthrough_route": "a pass-through route",
+                "llm_passthrough_route": "a pass-through route", "acreate_batch": "/v1/batches",
+                "agenerate_content": "Google's generateContent", "agenerate_content_stream": "Google's generateContent"}
+
+
+def unmetered_endpoint(call_type: str) -> str | None:
+    """How to name the endpoint of ``call_type`` in a refusal when governed groups may not serve it; ``None``
+    for the call types of /v1/chat/completions."""
+    if call_type in METERED_CALL_TYPES:
+        return None
+    known = _ENDPOINT_OF.get(call_type)
+    return known if known is not None else f"the '{call_type[:64]}' call"
+
 
 #: The config sections whose limits a client must not escape by naming the same deployments differently.
 GOVERNED_SECTIONS = ("reasoning", "vision")

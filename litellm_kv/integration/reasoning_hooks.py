@@ -42,7 +42,7 @@ from litellm_kv.governance.reasoning import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
-from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
+from litellm_kv.integration.governance import GovernanceHandler, release_holds, unmetered_endpoint
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity.meters import HFMeter
@@ -50,9 +50,6 @@ from litellm_kv.routing.affinity.meters import HFMeter
 log = logging.getLogger("litellm_kv.governance.reasoning")
 
 METER = "reasoning_tokens"
-#: Endpoints whose answers carry reasoning in shapes this handler neither measures nor hides (Responses
-#: ``reasoning`` items, Anthropic ``thinking`` blocks): refused on governed groups rather than served unmetered.
-UNGOVERNED_ENDPOINTS = UNMETERED_ENDPOINTS
 HEADER_BUDGET = "x-litellm-kv-reasoning-budget"
 HEADER_CLAMPED = "x-litellm-kv-reasoning-clamped"
 HEADER_DISABLED = "x-litellm-kv-reasoning-disabled"
@@ -191,7 +188,7 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
             removed = strip_client_reasoning(data, template_kwarg)
         for name in removed:
             NEUTRALISED.labels(group, name).inc()
-        endpoint = UNGOVERNED_ENDPOINTS.get(req.call_type)
+        endpoint = unmetered_endpoint(req.call_type)
         if endpoint is not None:
             REJECTED.labels(group, "endpoint").inc()
             raise PolicyViolation(

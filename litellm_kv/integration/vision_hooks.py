@@ -61,7 +61,7 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import UNMETERED_ENDPOINTS, GovernanceHandler, release_holds
+from litellm_kv.integration.governance import GovernanceHandler, release_holds, unmetered_endpoint
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 from litellm_kv.vllm.multimodal import image_identifier
@@ -141,9 +141,9 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                headers=headers or {})
 
     def _check_endpoint(self, req: ProxyRequest) -> None:
-        """/v1/responses and /v1/messages are refused: images are found in their requests, but what the
-        call used is not charged from their usage shapes (verified on /v1/chat/completions only)."""
-        endpoint = UNMETERED_ENDPOINTS.get(req.call_type)
+        """Every endpoint but /v1/chat/completions is refused: images are found in the requests of some
+        (/v1/responses, /v1/messages), but what the call used is charged from /v1/chat/completions' usage only."""
+        endpoint = unmetered_endpoint(req.call_type)
         if endpoint is None:
             return
         group = req.model_group

@@ -307,7 +307,8 @@ def _nested(depth: int) -> Any:
     return value
 
 
-ENDPOINTS = st.sampled_from(["completion", "acompletion", "aresponses", "anthropic_messages"])
+ENDPOINTS = st.sampled_from(["completion", "acompletion", "aresponses", "anthropic_messages", "atext_completion",
+                             "aembedding", "pass_through_endpoint"])
 
 
 @st.composite
