@@ -136,6 +136,9 @@ ENV_DOCS: dict[str, str] = {
     "the key out of the command line and shell history).",
     "LITELLM_MASTER_KEY": "LiteLLM's master key; `litellm-kv doctor` reads key and team info with it when "
     "`--admin-key` is not given.",
+    "LITELLM_BUILTIN_PASS_THROUGH_ROUTES_FIRST": "LiteLLM's own: `true` puts its pass-through routes ahead of its "
+    "other routes. The pass-through gate then also checks `/openai/deployments/{model}/chat/completions` and the "
+    "`/openai/v1/responses` routes, which that order hands to the `/openai/` pass-through (docs/security.md).",
     "CONFIG_FILE_PATH": "LiteLLM's own variable for its config file; read when the proxy module does not "
     "expose the path it was started with.",
     "LITELLM_KV_ALLOW_UNTESTED_LITELLM": "Set to 1 to load the callback over a LiteLLM release litellm-kv is not "

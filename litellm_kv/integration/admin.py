@@ -28,8 +28,10 @@ from typing import Any, Protocol
 
 from litellm_kv.config import Settings
 from litellm_kv.governance.metadata import metadata_json_schema
+from litellm_kv.integration.governance import GroupNames
 from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.metadata_gate import install as install_metadata_gate
+from litellm_kv.integration.passthrough_gate import install as install_passthrough_gate
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.redis_client import guard_status
 
@@ -48,6 +50,9 @@ class HandlerSet(Protocol):
 
     @property
     def refusals(self) -> RecentRefusals: ...
+
+    @property
+    def group_names(self) -> GroupNames: ...
 
     def handler(self, name: str) -> Handler | None: ...
 
@@ -116,6 +121,8 @@ def register(callback: HandlerSet | Handler) -> None:
     app.include_router(router)
     # Every write of key or team metadata is checked before LiteLLM stores it (see metadata_gate).
     install_metadata_gate(app, lambda: callback.settings.metadata_key)
+    # Pass-through routes skip every hook: those that would reach a governed engine are refused (see passthrough_gate).
+    install_passthrough_gate(app, lambda: callback.group_names)
     _registered = True
 
 

@@ -53,6 +53,7 @@ class State:
         self.requests: list[dict[str, Any]] = []
         self.cache: set[tuple[str, ...]] = set()
         self.fail_status = 0
+        self.stray: list[dict[str, Any]] = []
 
     def cached(self, toks: list[str]) -> int:
         blk = self.args.cache_block
@@ -159,6 +160,15 @@ def build_app(args: argparse.Namespace) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"ok": True, "name": args.name})
 
+    async def stray(request: Request) -> Response:
+        # Any other path: recorded (GET /_stray) so a test can tell that nothing reached this upstream, then 404.
+        st.stray.append({"path": request.url.path, "method": request.method,
+                         "body": (await request.body()).decode("utf-8", "replace")})
+        return JSONResponse({"error": {"message": f"{args.name} serves no {request.url.path}"}}, 404)
+
+    async def strays(request: Request) -> Response:
+        return JSONResponse(st.stray)
+
     return Starlette(routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
@@ -167,6 +177,8 @@ def build_app(args: argparse.Namespace) -> Starlette:
         Route("/_requests", requests_),
         Route("/_reset", reset, methods=["POST"]),
         Route("/_fail", fail, methods=["POST"]),
+        Route("/_stray", strays),
+        Route("/{path:path}", stray, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ])
 
 
