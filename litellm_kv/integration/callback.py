@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
@@ -48,6 +48,8 @@ REJECTIONS = counter(
 
 #: The record under which pre_call keeps the response headers the handlers chose.
 HEADERS_RECORD = "headers"
+#: Under a call's record: the group whose limits the governance handlers applied in the pre-call hook.
+GOVERNED_RECORD = "governed"
 
 # Order matters in pre_call: vision may downscale (changing prompt tokens) before routing sees them.
 HANDLER_PATHS = (
@@ -220,6 +222,8 @@ class LiteLLMKV(CustomLogger):
             raise
         if req.response_headers and record_key:
             self.records.put(record_key, HEADERS_RECORD, dict(req.response_headers))
+        if record_key and any(h.fails_closed for h in acting):
+            self.records.put(record_key, GOVERNED_RECORD, model_group)
         return data
 
     def _abandon(self, handlers: list[Handler], record_key: str | None) -> None:
@@ -305,12 +309,42 @@ class LiteLLMKV(CustomLogger):
         return chosen if chosen else healthy_deployments
 
     async def async_pre_call_deployment_hook(self, kwargs: dict, call_type: Any) -> dict | None:
+        self._refuse_unchecked(kwargs, str(getattr(call_type, "value", call_type)))
         for h in self.handlers:
             try:
                 await h.pre_deployment(kwargs)
             except Exception:
                 self._contain(h, "pre_deployment")
         return kwargs
+
+    def _refuse_unchecked(self, kwargs: Mapping[str, Any], call_type: str) -> None:
+        """A client's call on its way to a governed group's deployment that did not pass the pre-call hook (LiteLLM
+        runs the lines of its own batches and its pass-through routes through the router without it) is refused:
+        the group's limits were never applied to it. Calls LiteLLM makes itself (health checks) name no group."""
+        if not any(h.fails_closed for h in self.handlers) or not self.group_names.governed:
+            return  # no limits configured, or no governance here (an application's own Router)
+        key = litellm_data.call_key(kwargs)
+        if key is not None and self.records.get(key, GOVERNED_RECORD) is not None:
+            return
+        caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
+        try:
+            groups = sorted({g for name in litellm_data.deployment_model_groups(kwargs)
+                             for g in self.group_names.groups_reached(name)})
+        except Exception as exc:
+            log.exception("litellm-kv: cannot tell whether a call to a deployment reaches a model group with limits")
+            raise self._refusal(PolicyViolation(
+                500, "Whether this call reaches the deployments of a model group with limits could not be checked "
+                f"({type(exc).__name__}), so it was refused; the proxy log has the details.",
+                limit_name="governance.internal_error", source="litellm-kv"), caller, "") from None
+        if not groups:
+            return
+        model = ", ".join(f"'{g}'" for g in groups)
+        raise self._refusal(PolicyViolation(
+            400, f"This call ({call_type[:64]}) reached the deployments of model {model}, which has litellm-kv limits, "
+            "without passing the checks that apply them (LiteLLM runs the lines of its batches and its pass-through "
+            "routes without them), so it was refused (limit governance.unchecked_call). Use /v1/chat/completions.",
+            limit_name="governance.unchecked_call", value=call_type, source=f"config model_groups.{groups[0]}",
+        ), caller, groups[0])
 
     async def async_post_call_success_deployment_hook(
         self, request_data: dict, response: Any, call_type: Any

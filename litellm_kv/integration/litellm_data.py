@@ -230,10 +230,17 @@ def routed_call_id(data: Mapping[str, Any]) -> str | None:
 
 def deployment_model_groups(kwargs: Mapping[str, Any]) -> list[str]:
     """The model-group names a deployment-level call carries, most specific first: ``kwargs["model_group"]``
-    and its metadata's ``model_group`` (they differ when the client named an alias)."""
-    md = kwargs.get("metadata")
-    names = [kwargs.get("model_group"), md.get("model_group") if isinstance(md, Mapping) else None]
-    return [str(n) for n in names if n]
+    and the ``model_group`` of its metadata, then of its ``litellm_metadata`` (the pass-through and Responses
+    routes' dict); they differ when the client named an alias."""
+    names = [kwargs.get("model_group")]
+    for name in ("metadata", "litellm_metadata"):
+        md = kwargs.get(name)
+        names.append(md.get("model_group") if isinstance(md, Mapping) else None)
+    out: list[str] = []
+    for n in names:
+        if n and str(n) not in out:
+            out.append(str(n))
+    return out
 
 
 def deployment_id(data: Mapping[str, Any]) -> str | None:

@@ -143,6 +143,17 @@ def test_pass_through_routes_to_other_engines_still_work(stack: dict[str, Any]) 
     assert _received(stack["governed"]) == before + 1
 
 
+def test_litellm_s_own_health_checks_still_reach_governed_engines(stack: dict[str, Any]) -> None:
+    """A call that skipped the pre-call hook is refused at the deployment when a client made it; LiteLLM's own
+    health checks name no group and are not."""
+    proxy = stack["proxy"]
+    r = httpx.get(proxy.url + "/health", headers=proxy.headers(), timeout=60)
+    assert r.status_code == 200, r.text
+    health = r.json()
+    assert health["unhealthy_endpoints"] == [], health["unhealthy_endpoints"]
+    assert len(health["healthy_endpoints"]) == 5
+
+
 def test_the_chat_route_under_the_openai_prefix_applies_the_limits(stack: dict[str, Any]) -> None:
     """``/openai/deployments/{model}/chat/completions`` is the proxy's own chat route (not a pass-through): it
     runs the hooks, so it is served with the limits applied."""

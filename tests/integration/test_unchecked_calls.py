@@ -1,0 +1,110 @@
+"""A client's call that reaches a governed deployment without the proxy's pre-call hook is refused at the deployment.
+
+LiteLLM runs the lines of a batch it executes itself (``/v1/batches`` over a LiteLLM-managed file) through
+``Router.acompletion`` and its pass-through routes through ``Router.allm_passthrough_route``: neither calls the
+pre-call hook, where the reasoning and vision limits are applied, but both call the deployment hook. The hooks are
+called here as LiteLLM calls them, with the metadata LiteLLM's own code builds for those calls
+(``LiteLLMProxyRequestSetup.get_sanitized_user_information_from_key``, as its batch runner does). Executed batches
+need LiteLLM's managed files (its database and enterprise hooks), which do not run here; the pass-through shape is the
+one a real proxy hands the deployment hook (``litellm_metadata``, call type ``allm_passthrough_route``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from litellm.proxy._types import ProxyException, UserAPIKeyAuth
+from litellm.proxy.litellm_pre_call_utils import LiteLLMProxyRequestSetup
+
+from litellm_kv.config import Settings, parse_section
+from litellm_kv.governance.budgets import MemoryPeriodBudgets
+from litellm_kv.integration.callback import LiteLLMKV
+from litellm_kv.integration.reasoning_hooks import ReasoningHandler
+from litellm_kv.integration.routing_hooks import KVRoutingHandler
+from litellm_kv.integration.vision_hooks import VisionHandler
+
+SETTINGS = parse_section(Settings, {"model_groups": {
+    "qwen": {"reasoning": {"style": "vllm", "max_budget": 50}},
+    "qwen-vl": {"vision": {"family": "qwen2_5_vl"}},
+    "open": {},
+}, "freeze_startup_heap": False}, "litellm_kv")
+
+
+def _callback() -> LiteLLMKV:
+    budgets = MemoryPeriodBudgets()
+    handlers = [VisionHandler(SETTINGS, budgets), ReasoningHandler(SETTINGS, budgets)]
+    return LiteLLMKV(settings=SETTINGS, handlers=handlers)
+
+
+def _key_metadata(**extra: Any) -> dict[str, Any]:
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    return {**LiteLLMProxyRequestSetup.get_sanitized_user_information_from_key(auth), **extra}
+
+
+def _batch_line(group: str) -> dict[str, Any]:
+    # What Router.acompletion hands the deployment hook for one line of an executed batch.
+    return {"model": "hosted_vllm/m", "api_base": "http://engine:8000/v1", "litellm_call_id": "line-1",
+            "messages": [{"role": "user", "content": "think"}], "chat_template_kwargs": {"enable_thinking": True},
+            "metadata": _key_metadata(model_group=group, batch_id="batch-1")}
+
+
+def _pass_through(group: str) -> dict[str, Any]:
+    return {"model": "hosted_vllm/m", "api_base": "http://engine:8000/v1", "litellm_call_id": "pt-1",
+            "json": {"model": group, "messages": []}, "litellm_metadata": _key_metadata(model_group=group)}
+
+
+@pytest.mark.parametrize("group", ["qwen", "qwen-vl"])
+@pytest.mark.parametrize(("kwargs_of", "call_type"), [(_batch_line, "acompletion"),
+                                                       (_pass_through, "allm_passthrough_route")],
+                         ids=["batch-line", "pass-through"])
+def test_a_call_that_skipped_the_pre_call_hook_is_refused(group: str, kwargs_of: Any, call_type: str) -> None:
+    cb = _callback()
+    with pytest.raises(ProxyException) as refused:
+        asyncio.run(cb.async_pre_call_deployment_hook(kwargs_of(group), call_type))
+    assert refused.value.param == "governance.unchecked_call"
+    assert f"'{group}'" in refused.value.message and "/v1/chat/completions" in refused.value.message
+    assert cb.refusals.latest(limit=1)[0].limit == "governance.unchecked_call"
+
+
+def test_calls_that_passed_the_hook_and_calls_litellm_makes_itself_go_on() -> None:
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {"model": "qwen", "litellm_call_id": "chat-1", "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    data["metadata"].update(model_group="qwen")  # as the router adds it
+    assert asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion")) is data
+    # An image-less request to a vision group keeps no decision, but did pass the hook.
+    data = {"model": "qwen-vl", "litellm_call_id": "chat-2", "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    data["metadata"].update(model_group="qwen-vl")
+    assert asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion")) is data
+    # LiteLLM's health check names no group; a group configured without limits is the operator's choice.
+    health = {"model": "hosted_vllm/m", "api_base": "http://engine:8000/v1", "litellm_call_id": "h",
+              "litellm_metadata": {"user_api_key_hash": "litellm-internal-health-check", "tags": []}}
+    assert asyncio.run(cb.async_pre_call_deployment_hook(health, "acompletion")) is health
+    line = _batch_line("open")
+    assert asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion")) is line
+
+
+def test_a_copied_token_does_not_pass_another_call() -> None:
+    """The record is keyed by the call id and the proxy's token: a batch line carrying a governed chat call's token
+    under another call id is still refused."""
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {"model": "qwen", "litellm_call_id": "chat-1", "messages": [], "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    line = _batch_line("qwen")
+    line["metadata"].update({k: v for k, v in data["metadata"].items() if k.startswith("litellm_kv")})
+    with pytest.raises(ProxyException):
+        asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+
+
+def test_an_application_s_own_router_is_not_governed() -> None:
+    """Without governance handlers (the SDK's routing-only callback) nothing is refused here."""
+    cb = LiteLLMKV(settings=SETTINGS, handlers=[KVRoutingHandler(SETTINGS, deployments=list)])
+    line = _batch_line("qwen")
+    assert asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion")) is line
