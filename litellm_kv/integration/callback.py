@@ -329,7 +329,7 @@ class LiteLLMKV(CustomLogger):
         caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
         try:
             groups = sorted({g for name in litellm_data.deployment_model_groups(kwargs)
-                             for g in self.group_names.groups_reached(name)})
+                             for g in self.group_names.groups_reached(name, caller.team_id)})
         except Exception as exc:
             log.exception("litellm-kv: cannot tell whether a call to a deployment reaches a model group with limits")
             raise self._refusal(PolicyViolation(

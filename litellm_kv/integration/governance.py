@@ -166,9 +166,9 @@ class GroupNames:
     def groups_reached(self, name: str, team_id: str | None = None) -> list[str]:
         """The groups with limits whose engines a call naming ``name`` reaches without those limits being applied
         to it (a pass-through route applies none): its own group when it has limits, an alias's target when that
-        has limits, else the governed groups whose engines its deployments send to. A name configured under
-        ``litellm_kv.model_groups`` without limits reaches none: the operator said it has no limits. Raises what
-        the router raises."""
+        has limits, else the governed groups whose engines its deployments (``team_id``'s team models included)
+        send to. A name configured under ``litellm_kv.model_groups`` without limits reaches none: the operator said
+        it has no limits. Raises what the router raises."""
         if not self.governed:
             return []
         if name in self.settings.model_groups:
@@ -176,7 +176,7 @@ class GroupNames:
         target = litellm_data.router_alias_target(name)
         if target is not None and target in self.settings.model_groups:
             return [target] if target in self.governed else []
-        return self._governed_reached(litellm_data.router_deployments(name) or [])
+        return self._governed_reached(litellm_data.router_deployments(name, team_id) or [])
 
     def groups_served_at(self, url: str) -> list[str]:
         """The groups with limits that have a deployment on the server of ``url`` (scheme, host, port)."""
