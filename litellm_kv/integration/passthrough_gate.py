@@ -147,10 +147,10 @@ class TooManySegments(ValueError):
 
 
 def named_models(path: str, prefix: str, query: str, headers: Mapping[str, str], body: bytes,
-                 content_type: str) -> tuple[list[str], int]:
-    """Every model name a pass-through request may be routed by, and how many of them lead the list because the
-    request names them as its model: ``model`` in the body (JSON or a form), the query and the ``x-litellm-model``
-    header; then each run of up to three segments of the path after the prefix. Raises :class:`TooManySegments`."""
+                 content_type: str) -> tuple[list[str], str | None]:
+    """Every model name a pass-through request may be routed by, and the body's ``model`` (JSON or a form), the one
+    LiteLLM's relays route by: that, ``model`` in the query and the ``x-litellm-model`` header, then each run of up
+    to three segments of the path after the prefix. Raises :class:`TooManySegments`."""
     names: list[str] = []
     if body and "multipart/" not in content_type:
         found: Any = None
@@ -164,11 +164,11 @@ def named_models(path: str, prefix: str, query: str, headers: Mapping[str, str],
                 found = None
         if isinstance(found, str):
             names.append(found)
+    body_model = names[0].strip() or None if names else None
     names += parse_qs(query).get("model", [])
     header = headers.get("x-litellm-model")
     if header:
         names.append(header)
-    explicit = len(_distinct(names))
     segments = [s for s in path[len(prefix.rstrip("/")):].split("/") if s]
     if len(segments) > MAX_SEGMENTS:
         raise TooManySegments(f"{len(segments)} path segments")
@@ -179,23 +179,25 @@ def named_models(path: str, prefix: str, query: str, headers: Mapping[str, str],
             if ":" in segments[i + n - 1]:
                 # Google's and Bedrock's paths put an action after the model: ``models/qwen:generateContent``.
                 names.append(run.rsplit(":", 1)[0])
-    return _distinct(names), explicit
+    return _distinct(names), body_model
 
 
 def _distinct(names: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(n.strip() for n in names if n.strip()))
 
 
-def groups_reached(names: GroupNames, route: PassThrough, models: Sequence[str], routed_by: str | None) -> tuple[
+def groups_reached(names: GroupNames, route: PassThrough, models: Sequence[str], routed: bool) -> tuple[
         list[str], str]:
     """The groups with limits the request would reach and what reaches them (for the message); ``([], "")``.
-    ``routed_by``: the model of the body or query when the router knows it (LiteLLM relays the request to its
-    deployment, not to the route's target)."""
-    if routed_by is None:
+    ``routed``: the body names a model the router knows, so LiteLLM relays the request to that model's deployment,
+    not to the route's target."""
+    if not routed:
         for target in route.targets:
             groups = names.groups_served_at(target)
             if groups:
-                return groups, f"the route's target {target}"
+                log.info("litellm-kv: pass-through route %s sends to %s, an engine of governed group(s) %s",
+                         route.prefix, target, ", ".join(groups))
+                return groups, "the route's own target"
     for model in models:
         groups = names.groups_reached(model)
         if groups:
@@ -203,12 +205,9 @@ def groups_reached(names: GroupNames, route: PassThrough, models: Sequence[str],
     return [], ""
 
 
-def router_model(models: Sequence[str], explicit: int) -> str | None:
-    """The first of the ``explicit`` leading names (body, query, header) the router has deployments for."""
-    for name in models[:explicit]:
-        if litellm_data.router_deployments(name):
-            return name
-    return None
+def router_knows(model: str | None) -> bool:
+    """Whether LiteLLM's router has deployments for ``model`` (its relays then route the request by it)."""
+    return model is not None and bool(litellm_data.router_deployments(model))
 
 
 def refusal(status: int, message: str, param: str) -> dict[str, Any]:
@@ -244,10 +243,10 @@ class PassThroughGate:
             return  # the client went away: nothing to forward
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         try:
-            models, explicit = named_models(app_path(scope), route.prefix,
-                                            bytes(scope.get("query_string") or b"").decode("latin-1"), headers, raw,
-                                            headers.get("content-type", ""))
-            groups, what = groups_reached(names, route, models, router_model(models, explicit))
+            models, body_model = named_models(app_path(scope), route.prefix,
+                                              bytes(scope.get("query_string") or b"").decode("latin-1"), headers, raw,
+                                              headers.get("content-type", ""))
+            groups, what = groups_reached(names, route, models, router_knows(body_model))
         except TooManySegments as exc:
             await answer(send, 400, refusal(
                 400, f"litellm-kv reads every segment of a pass-through path for the model it may name, up to "

@@ -64,7 +64,7 @@ def call(gate: PassThroughGate, path: str, body: bytes = b"", query: str = "",
 @pytest.fixture
 def no_router(monkeypatch: pytest.MonkeyPatch) -> None:
     # Outside a proxy: no router model is known, no endpoint is configured.
-    monkeypatch.setattr(gate_mod, "router_model", lambda models, explicit: None)
+    monkeypatch.setattr(gate_mod, "router_knows", lambda model: False)
     monkeypatch.setattr(gate_mod, "configured_endpoints", lambda: [])
     monkeypatch.delenv("VLLM_API_BASE", raising=False)
     monkeypatch.delenv("LITELLM_BUILTIN_PASS_THROUGH_ROUTES_FIRST", raising=False)
@@ -97,15 +97,16 @@ def test_which_paths_are_pass_through_routes(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_every_name_a_request_may_be_routed_by_is_found() -> None:
     body = json.dumps({"model": "from-body", "messages": []}).encode()
-    names, explicit = named_models("/vllm/v1/x/models/Org/qwen:generateContent", "/vllm/", "model=from-query",
-                                   {"x-litellm-model": "from-header"}, body, "application/json")
-    assert names[:explicit] == ["from-body", "from-query", "from-header"]
+    names, body_model = named_models("/vllm/v1/x/models/Org/qwen:generateContent", "/vllm/", "model=from-query",
+                                     {"x-litellm-model": "from-header"}, body, "application/json")
+    assert body_model == "from-body" and names[:3] == ["from-body", "from-query", "from-header"]
     assert {"v1", "Org", "Org/qwen:generateContent", "Org/qwen", "qwen"} <= set(names)
-    names, explicit = named_models("/vllm/v1/completions", "/vllm/", "", {}, b"model=from-form&x=1",
-                                   "application/x-www-form-urlencoded")
-    assert names[:explicit] == ["from-form"]
-    names, explicit = named_models("/vllm/v1/audio", "/vllm/", "", {}, b"--b\r\nmodel", "multipart/form-data; b=b")
-    assert explicit == 0
+    names, body_model = named_models("/vllm/v1/completions", "/vllm/", "", {}, b"model=from-form&x=1",
+                                     "application/x-www-form-urlencoded")
+    assert body_model == "from-form"
+    names, body_model = named_models("/vllm/v1/audio", "/vllm/", "model=q", {}, b"--b\r\nmodel",
+                                     "multipart/form-data; b=b")
+    assert body_model is None and "q" in names
     names, _ = named_models("/vllm/" + "/".join(f"s{i}" for i in range(MAX_SEGMENTS)), "/vllm/", "", {},
                             b"[" * 100_000, "")  # a body too deep for the JSON reader is no error
     assert f"s{MAX_SEGMENTS - 1}" in names  # every segment is read: LiteLLM's Azure relay tries each
@@ -136,9 +137,13 @@ def test_what_reaches_no_governed_engine_is_replayed_unchanged(monkeypatch: pyte
     # The route's own target is the governed engine: refused when no router model is named ...
     monkeypatch.setenv("VLLM_API_BASE", "http://engine:8000")
     assert call(PassThroughGate(app, Groups), "/vllm/v1/chat/completions", body)[0] == 400
-    # ... not when the router relays the request to that model's deployment instead.
-    monkeypatch.setattr(gate_mod, "router_model", lambda models, explicit: models[0] if explicit else None)
+    # ... not when the router relays the request to the body's model's deployment instead ...
+    monkeypatch.setattr(gate_mod, "router_knows", lambda model: model == "other")
     assert call(PassThroughGate(app, Groups), "/vllm/v1/chat/completions", body)[0] == 200
+    # ... which a header or the query does not make LiteLLM do: the target is still checked then.
+    status, out = call(PassThroughGate(app, Groups), "/vllm/v1/chat/completions", b"{}", "model=other",
+                       {"x-litellm-model": "other"})
+    assert status == 400 and "target" in out["error"]["message"] and "engine:8000" not in out["error"]["message"]
 
 
 @pytest.mark.usefixtures("no_router")
