@@ -183,6 +183,8 @@ class LiteLLMKV(CustomLogger):
         try:
             # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
             model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id)
+            # An upstream the client chose (only where the operator allows client-side credentials) is no way past them.
+            self.group_names.check_client_upstreams(litellm_data.client_upstreams(data))
         except PolicyViolation as exc:
             raise self._refusal(exc, caller, litellm_data.model_group(data)) from None
         group = self.settings.group(model_group)

@@ -184,6 +184,25 @@ class GroupNames:
         return sorted({g for engine, g in self._governed_engines()
                        if engine.api_base is not None and _server(engine.api_base) == server})
 
+    def check_client_upstreams(self, urls: list[str]) -> None:
+        """Refuse (400 ``governance.client_upstream``) a request whose client-chosen upstream (``api_base``,
+        ``base_url``, a ``user_config`` deployment: LiteLLM accepts them only with
+        ``general_settings.allow_client_side_credentials``) is the server of a governed group's deployment: the call
+        would reach that engine under a name the limits do not follow."""
+        if not self.governed:
+            return
+        for url in urls:
+            groups = self.groups_served_at(url)
+            if groups:
+                named = ", ".join(f"'{g}'" for g in groups)
+                raise PolicyViolation(
+                    400, f"The request names its own upstream (api_base, base_url or user_config), and it is the "
+                    f"engine of model {named}, which has reasoning or vision limits that a client-chosen upstream "
+                    f"would skip: the request was refused (limit governance.client_upstream). Use model {named} "
+                    "without an upstream of your own.", limit_name="governance.client_upstream",
+                    source=f"config model_groups.{groups[0]}",
+                )
+
     def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:
         sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
         named = ", ".join(f"'{g}'" for g in groups)

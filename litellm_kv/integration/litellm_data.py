@@ -228,6 +228,21 @@ def routed_call_id(data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def client_upstreams(data: Mapping[str, Any]) -> list[str]:
+    """The upstreams a proxy request names itself (LiteLLM honours them only with
+    ``general_settings.allow_client_side_credentials``): ``api_base`` and ``base_url`` at the top level or in
+    ``extra_body``, and the ``api_base`` of each deployment of a ``user_config`` model list."""
+    out: list[str] = []
+    places: list[Any] = [data, data.get("extra_body")]
+    config = data.get("user_config")
+    if isinstance(config, Mapping) and isinstance(config.get("model_list"), list):
+        places += [d.get("litellm_params") for d in config["model_list"] if isinstance(d, Mapping)]
+    for place in places:
+        if isinstance(place, Mapping):
+            out += [str(place[k]) for k in ("api_base", "base_url") if isinstance(place.get(k), str) and place[k]]
+    return out
+
+
 def deployment_model_groups(kwargs: Mapping[str, Any]) -> list[str]:
     """The model-group names a deployment-level call carries, most specific first: ``kwargs["model_group"]``
     and the ``model_group`` of its metadata, then of its ``litellm_metadata`` (the pass-through and Responses
