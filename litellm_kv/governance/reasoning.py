@@ -235,6 +235,38 @@ def _as_budget(value: Any) -> int | None:
     return None
 
 
+#: The request fields that ask the engine for several sequences, each of which thinks up to ``thinking_token_budget``.
+SEQUENCE_FIELDS = ("n", "best_of")
+
+
+def requested_sequences(data: Mapping[str, Any]) -> int | None:
+    """How many sequences the request asks the engine for: the largest ``n`` or ``best_of`` in the body or
+    ``extra_body`` (1 without any); ``None`` when one is not a whole number >= 1 as the engine would read it (an
+    int, an integral float, or a string of digits), so the request is refused rather than its count guessed."""
+    most = 1
+    for place in (data, data.get("extra_body")):
+        if not isinstance(place, Mapping):
+            continue
+        for name in SEQUENCE_FIELDS:
+            if name not in place or place[name] is None:
+                continue
+            count = _as_count(place[name])
+            if count is None:
+                return None
+            most = max(most, count)
+    return most
+
+
+def _as_count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and value >= 1 else None
+
+
 def read_client_ask(data: Mapping[str, Any], efforts: Mapping[str, int], template_kwarg: str) -> ClientAsk:
     """What the request asks for, looking at every place a client may put it.
 
@@ -323,6 +355,12 @@ class ReasoningDecision:
     disabled_by: str | None = None  # why thinking was switched off
     show_reasoning: bool = True
     charges: list[dict[str, Any]] = field(default_factory=list)  # {scope, period, limit, source}
+    sequences: int = 1  # the request's n: they share ``budget``, each thinking up to ``per_sequence``
+
+    @property
+    def per_sequence(self) -> int | None:
+        """What each of the request's sequences may think (the engine's ``thinking_token_budget`` is per sequence)."""
+        return None if self.budget is None else self.budget // max(1, self.sequences)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -333,6 +371,7 @@ class ReasoningDecision:
             "disabled_by": self.disabled_by,
             "show_reasoning": self.show_reasoning,
             "charges": list(self.charges),
+            "sequences": self.sequences,
         }
 
     @classmethod
@@ -345,6 +384,7 @@ class ReasoningDecision:
             disabled_by=raw.get("disabled_by"),
             show_reasoning=bool(raw.get("show_reasoning", True)),
             charges=list(raw.get("charges") or []),
+            sequences=int(raw.get("sequences") or 1),
         )
 
 
@@ -370,7 +410,8 @@ def apply_decision(data: MutableMapping[str, Any], decision: ReasoningDecision, 
     unknown parameters of OpenAI-compatible providers as-is); ``max_tokens`` is raised when it would
     not leave ``answer_tokens`` after the thinking budget.
     """
-    budget = decision.budget if decision.thinking else 0
+    # Per sequence: the engine applies the budget to each of the request's n sequences.
+    budget = decision.per_sequence if decision.thinking else 0
     if group.style == "vllm":
         kwargs = data.get("chat_template_kwargs")
         # Not an object (the client's junk): the engine would refuse it, so the proxy's own replaces it.

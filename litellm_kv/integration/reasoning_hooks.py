@@ -37,6 +37,7 @@ from litellm_kv.governance.reasoning import (
     apply_decision,
     estimate_tokens,
     read_client_ask,
+    requested_sequences,
     resolve_policy,
     strip_client_reasoning,
 )
@@ -197,10 +198,26 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
                 "/v1/chat/completions).",
                 limit_name="reasoning.endpoint", value=endpoint, source=f"config model_groups.{group}.reasoning",
             )
+        sequences = requested_sequences(data)
+        if sequences is None:
+            REJECTED.labels(group, "sequences").inc()
+            raise PolicyViolation(
+                400, f"Model '{group}' has reasoning budgets, which the request's sequences share: 'n' and 'best_of' "
+                "must be whole numbers >= 1 (limit reasoning.sequences).",
+                limit_name="reasoning.sequences", source=f"config model_groups.{group}.reasoning",
+            )
         policy = self._policy(req, gs)
 
         decision = self._decide(policy, ask, req)
+        decision.sequences = sequences
         await self._check_periods(policy, decision, req, gs)
+        if decision.thinking and decision.per_sequence == 0:
+            # Less than a token each: the engine would still open and close a thought per sequence.
+            DISABLED.labels(group, "sequences").inc()
+            decision.disabled_by = (f"a budget of {decision.budget} reasoning tokens cannot be shared by "
+                                    f"{sequences} sequences")
+            decision.thinking, decision.budget = False, 0
+            req.response_headers[HEADER_DISABLED] = decision.disabled_by
         apply_decision(data, decision, gs)
         # Ask the provider for usage so reasoning tokens are measured (and billed) on streams too.
         litellm_data.ask_stream_usage(data)

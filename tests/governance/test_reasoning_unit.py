@@ -11,6 +11,7 @@ from litellm_kv.governance.reasoning import (
     apply_decision,
     effort_for_budget,
     read_client_ask,
+    requested_sequences,
     strip_client_reasoning,
 )
 
@@ -44,3 +45,21 @@ def test_anthropic_and_openai_styles() -> None:
     apply_decision(data, ReasoningDecision(True, 3000), GroupReasoningSettings(style="openai"))
     assert data == {"reasoning_effort": "medium"}
     assert effort_for_budget(0, DEFAULT_EFFORT_BUDGETS) == "none"
+
+
+def test_the_sequences_a_request_asks_for_are_read_as_the_engine_reads_them() -> None:
+    assert requested_sequences({}) == 1
+    assert requested_sequences({"n": None}) == 1
+    assert requested_sequences({"n": 4, "extra_body": {"n": "16"}}) == 16  # the largest, wherever it is
+    assert requested_sequences({"best_of": 8.0}) == 8
+    for bad in (0, -1, 2.5, "many", True, [2], float("inf")):
+        assert requested_sequences({"n": bad}) is None, bad
+
+
+def test_a_request_s_sequences_share_its_budget() -> None:
+    """vLLM applies thinking_token_budget to each sequence: the request's budget is divided among them."""
+    data: dict[str, Any] = {"n": 8, "max_tokens": 10}
+    apply_decision(data, ReasoningDecision(True, 100, sequences=8), GroupReasoningSettings())
+    assert data["thinking_token_budget"] == 12
+    assert data["max_tokens"] == 12 + GroupReasoningSettings().answer_tokens
+    assert ReasoningDecision.from_json(ReasoningDecision(True, 100, sequences=8).to_json()).per_sequence == 12

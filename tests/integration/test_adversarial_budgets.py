@@ -43,6 +43,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "sk-steady": _reasoning_key("steady", {"tokens_per_day": 10**9}),
     "sk-spent": _reasoning_key("spent", {"tokens_per_day": DAY_LIMIT}),
     "sk-nearly": _reasoning_key("nearly", {"tokens_per_day": DAY_LIMIT}),
+    "sk-many": _reasoning_key("many", {"tokens_per_day": DAY_LIMIT, "max_budget": 30}),
 }
 #: The budget store's settings in the fault tests: a 100 ms deadline and a breaker that opens after
 #: three failures for one second.
@@ -188,6 +189,27 @@ def test_tokens_per_day_is_not_overspent_by_concurrent_requests(stack: dict[str,
     for resp in responses:
         if resp.status_code == 429:
             assert "reasoning.tokens_per_day" in resp.text or "Reasoning token budget spent" in resp.text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_many_sequences_in_one_request_do_not_multiply_the_budget(stack: dict[str, Any], stream: bool) -> None:
+    """The limits `reasoning.max_budget` and `reasoning.tokens_per_day` against ``n``: vLLM applies
+    ``thinking_token_budget`` to each of a request's ``n`` sequences, so before, one request with ``n: 8`` on a
+    budget with 40 tokens left was granted 40 and thought 8 × 40 (the fake, like vLLM, thinks per sequence).
+    The request's budget is now shared by its sequences: 30 at most (``max_budget``) in all, within what is left."""
+    r = stack["redis"].client()
+    key = _usage_key("sk-many")
+    r.set(key, DAY_LIMIT - 40, ex=3 * 86400)
+    proxy = stack["proxy"]
+    body = {"model": "qwen-fast", "n": 8, "stream": stream, "messages": [{"role": "user", "content": "think"}]}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    resp = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-many"), timeout=60)
+    assert resp.status_code == 200, resp.text
+    _settled(r, key)
+    used = int(r.get(key) or 0) - (DAY_LIMIT - 40)
+    assert 0 < used <= 30, f"one request thought {used} reasoning tokens with max_budget 30"
+    assert int(r.get(key) or 0) <= DAY_LIMIT
 
 
 def test_tokens_per_day_hold_is_released_when_the_call_fails(stack: dict[str, Any]) -> None:

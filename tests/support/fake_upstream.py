@@ -92,7 +92,9 @@ def build_app(args: argparse.Namespace) -> Starlette:
             n_reason = min(n_reason, budget)
         reasoning = " ".join(f"think{i}" for i in range(n_reason)) if n_reason else None
         content = f"answer from {args.name}"
-        completion = len(content.split()) + (n_reason if args.count_reasoning_in_completion else 0)
+        # ``n`` sequences, each thinking as above (as vLLM applies thinking_token_budget per sequence).
+        n_seq = body.get("n") if isinstance(body.get("n"), int) and body["n"] > 0 else 1
+        completion = (len(content.split()) + (n_reason if args.count_reasoning_in_completion else 0)) * n_seq
         usage: dict[str, Any] = {
             "prompt_tokens": len(toks),
             "completion_tokens": completion,
@@ -100,7 +102,7 @@ def build_app(args: argparse.Namespace) -> Starlette:
             "prompt_tokens_details": {"cached_tokens": cached},
         }
         if args.report_reasoning_tokens and n_reason:
-            usage["completion_tokens_details"] = {"reasoning_tokens": n_reason}
+            usage["completion_tokens_details"] = {"reasoning_tokens": n_reason * n_seq}
         n_images = sum(1 for t in toks if t == "<image_url>")
         if args.image_tokens_each and n_images:
             mm_tokens = args.image_tokens_each * n_images
@@ -119,15 +121,16 @@ def build_app(args: argparse.Namespace) -> Starlette:
             async def gen() -> Any:
                 base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": body.get("model", "fake")}
-                if reasoning:
-                    for w in reasoning.split():
+                for k in range(n_seq):
+                    if reasoning:
+                        for w in reasoning.split():
+                            yield "data: " + json.dumps({**base, "choices": [
+                                {"index": k, "delta": {"reasoning_content": w + " "}, "finish_reason": None}]}) + "\n\n"
+                    for w in content.split():
                         yield "data: " + json.dumps({**base, "choices": [
-                            {"index": 0, "delta": {"reasoning_content": w + " "}, "finish_reason": None}]}) + "\n\n"
-                for w in content.split():
+                            {"index": k, "delta": {"content": w + " "}, "finish_reason": None}]}) + "\n\n"
                     yield "data: " + json.dumps({**base, "choices": [
-                        {"index": 0, "delta": {"content": w + " "}, "finish_reason": None}]}) + "\n\n"
-                yield "data: " + json.dumps({**base, "choices": [
-                    {"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
+                        {"index": k, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
                 if (body.get("stream_options") or {}).get("include_usage"):
                     yield "data: " + json.dumps({**base, "choices": [], "usage": usage}) + "\n\n"
                 yield "data: [DONE]\n\n"
@@ -138,7 +141,7 @@ def build_app(args: argparse.Namespace) -> Starlette:
             message["reasoning_content"] = reasoning
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": body.get("model", "fake"),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "choices": [{"index": k, "message": dict(message), "finish_reason": "stop"} for k in range(n_seq)],
             "usage": usage,
         }, headers=headers)
 
