@@ -11,8 +11,8 @@ LiteLLM's pre-call hook: a group's reasoning and vision limits would not be appl
 So litellm-kv checks these requests in front of the proxy's app, where groups with limits exist: a request on a
 pass-through route is refused (400 ``governance.passthrough``) when a model it names (``model`` in the body, the
 query or the ``x-litellm-model`` header, or a run of one to three segments of its path) is served by, or shares
-the engines of, a group with ``reasoning`` or ``vision`` limits, or when the route's own target is the server of
-such a group's deployment. A name configured under ``litellm_kv.model_groups`` without limits passes, as it does
+the engines of, a group with ``reasoning`` or ``vision`` limits, or when the body names no model the router knows
+and the route's own target is the server of such a group's deployment. A name configured under ``litellm_kv.model_groups`` without limits passes, as it does
 on ``/v1/chat/completions``. Where the check cannot be made (the router cannot be asked) the request is refused
 (500): a limit is at stake.
 
