@@ -12,9 +12,9 @@ So litellm-kv checks these requests in front of the proxy's app, where groups wi
 pass-through route is refused (400 ``governance.passthrough``) when a model it names (``model`` in the body, the
 query or the ``x-litellm-model`` header, or a run of one to three segments of its path) is served by, or shares
 the engines of, a group with ``reasoning`` or ``vision`` limits, or when the body names no model the router knows
-and the route's own target is the server of such a group's deployment. A name configured under ``litellm_kv.model_groups`` without limits passes, as it does
-on ``/v1/chat/completions``. Where the check cannot be made (the router cannot be asked) the request is refused
-(500): a limit is at stake.
+and the route's own target is the server of such a group's deployment. A name configured under
+``litellm_kv.model_groups`` without limits passes, as it does on ``/v1/chat/completions``. Where the check cannot be
+made (the router cannot be asked) the request is refused (500): a limit is at stake.
 
 Which paths are pass-through routes: the prefixes LiteLLM registers them under (its lazily loaded
 ``llm_passthrough`` and ``codex_passthrough`` features; a copy of LiteLLM 1.110.2's list when that cannot be
