@@ -320,14 +320,15 @@ class LiteLLMKV(CustomLogger):
         return kwargs
 
     def _refuse_unchecked(self, kwargs: Mapping[str, Any], call_type: str) -> None:
-        """A client's call on its way to a governed group's deployment that did not pass the pre-call hook (LiteLLM
-        runs the lines of its own batches and its pass-through routes through the router without it) is refused:
-        the group's limits were never applied to it. Calls LiteLLM makes itself (health checks) name no group."""
+        """A client's call on its way to a governed group's deployment whose limits the pre-call hook did not apply
+        is refused: one that skipped the hook (LiteLLM runs the lines of its own batches and its pass-through routes
+        through the router without it), or a fallback to another group (the router calls the fallback's deployment
+        within the same call, after the hook applied the first group's limits). Calls LiteLLM makes itself (health
+        checks) name no group."""
         if not any(h.fails_closed for h in self.handlers) or not self.group_names.governed:
             return  # no limits configured, or no governance here (an application's own Router)
         key = litellm_data.call_key(kwargs)
-        if key is not None and self.records.get(key, GOVERNED_RECORD) is not None:
-            return
+        applied = self.records.get(key, GOVERNED_RECORD) if key is not None else None
         caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
         try:
             groups = sorted({g for name in litellm_data.deployment_model_groups(kwargs)
@@ -338,13 +339,16 @@ class LiteLLMKV(CustomLogger):
                 500, "Whether this call reaches the deployments of a model group with limits could not be checked "
                 f"({type(exc).__name__}), so it was refused; the proxy log has the details.",
                 limit_name="governance.internal_error", source="litellm-kv"), caller, "") from None
-        if not groups:
+        if not groups or applied in groups:
             return
         model = ", ".join(f"'{g}'" for g in groups)
+        how = (f"as a fallback of model '{applied}', whose limits were applied instead" if applied is not None else
+               "without passing the checks that apply them (LiteLLM runs the lines of its batches and its pass-through "
+               "routes without them)")
         raise self._refusal(PolicyViolation(
             400, f"This call ({call_type[:64]}) reached the deployments of model {model}, which has litellm-kv limits, "
-            "without passing the checks that apply them (LiteLLM runs the lines of its batches and its pass-through "
-            "routes without them), so it was refused (limit governance.unchecked_call). Use /v1/chat/completions.",
+            f"{how}, so it was refused (limit governance.unchecked_call). Send the request to {model} itself, on "
+            "/v1/chat/completions.",
             limit_name="governance.unchecked_call", value=call_type, source=f"config model_groups.{groups[0]}",
         ), caller, groups[0])
 

@@ -103,6 +103,21 @@ def test_a_copied_token_does_not_pass_another_call() -> None:
         asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
 
 
+def test_a_fallback_to_another_governed_group_is_refused() -> None:
+    """The router calls a fallback group's deployment within the call, after the hook applied the first group's
+    limits (``tests/integration/test_fallback_limits.py`` through a real proxy)."""
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {"model": "qwen", "litellm_call_id": "chat-1", "messages": [], "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    data["metadata"]["model_group"] = "qwen-vl"  # as the router sets it for the fallback's attempt
+    with pytest.raises(ProxyException) as refused:
+        asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion"))
+    assert "fallback of model 'qwen'" in refused.value.message
+    data["metadata"]["model_group"] = "open"  # a fallback to a group without limits goes on
+    assert asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion")) is data
+
+
 def test_an_application_s_own_router_is_not_governed() -> None:
     """Without governance handlers (the SDK's routing-only callback) nothing is refused here."""
     cb = LiteLLMKV(settings=SETTINGS, handlers=[KVRoutingHandler(SETTINGS, deployments=list)])
