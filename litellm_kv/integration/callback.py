@@ -322,9 +322,9 @@ class LiteLLMKV(CustomLogger):
     def _refuse_unchecked(self, kwargs: Mapping[str, Any], call_type: str) -> None:
         """A client's call on its way to a governed group's deployment whose limits the pre-call hook did not apply
         is refused: one that skipped the hook (LiteLLM runs the lines of its own batches and its pass-through routes
-        through the router without it), or a fallback to another group (the router calls the fallback's deployment
-        within the same call, after the hook applied the first group's limits). Calls LiteLLM makes itself (health
-        checks) name no group."""
+        through the router without it), or a fallback to another group that the client asked for (the router calls
+        the fallback's deployment within the same call, after the hook applied the first group's limits; the
+        operator's router fallbacks go on). Calls LiteLLM makes itself (health checks) name no group."""
         if not any(h.fails_closed for h in self.handlers) or not self.group_names.governed:
             return  # no limits configured, or no governance here (an application's own Router)
         key = litellm_data.call_key(kwargs)
@@ -333,6 +333,9 @@ class LiteLLMKV(CustomLogger):
         try:
             groups = sorted({g for name in litellm_data.deployment_model_groups(kwargs)
                              for g in self.group_names.groups_reached(name, caller.team_id)})
+            # A fallback the operator configured goes on: the operator's choice, as the limits are.
+            fallback = applied is not None and bool(groups) and applied not in groups
+            operator_fallbacks = litellm_data.configured_fallbacks(str(applied)) if fallback else set()
         except Exception as exc:
             log.exception("litellm-kv: cannot tell whether a call to a deployment reaches a model group with limits")
             raise self._refusal(PolicyViolation(
@@ -340,6 +343,8 @@ class LiteLLMKV(CustomLogger):
                 f"({type(exc).__name__}), so it was refused; the proxy log has the details.",
                 limit_name="governance.internal_error", source="litellm-kv"), caller, "") from None
         if not groups or applied in groups:
+            return
+        if set(groups) <= operator_fallbacks:
             return
         model = ", ".join(f"'{g}'" for g in groups)
         how = (f"as a fallback of model '{applied}', whose limits were applied instead" if applied is not None else

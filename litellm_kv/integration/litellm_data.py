@@ -228,6 +228,25 @@ def routed_call_id(data: Mapping[str, Any]) -> str | None:
     return None
 
 
+def configured_fallbacks(group: str) -> set[str]:
+    """The groups the operator's router settings let ``group`` fall back to (``fallbacks``,
+    ``context_window_fallbacks``, ``content_policy_fallbacks``, their ``*`` entries included); empty without a
+    router."""
+    router = _router()
+    if router is None:
+        return set()
+    settings = router.settings()
+    out: set[str] = set()
+    for name in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks"):
+        for entry in getattr(settings, name, None) or []:
+            if not isinstance(entry, Mapping):
+                continue
+            for source, targets in entry.items():
+                if source in (group, "*") and isinstance(targets, list):
+                    out.update(t for t in targets if isinstance(t, str))
+    return out
+
+
 def client_upstreams(data: Mapping[str, Any]) -> list[str]:
     """The upstreams a proxy request names itself (LiteLLM honours them only with
     ``general_settings.allow_client_side_credentials``): ``api_base`` and ``base_url`` at the top level or in

@@ -33,26 +33,33 @@ KEYS: dict[str, dict[str, Any]] = {"sk-client": {"key_alias": "client", "metadat
 def stack() -> Iterator[dict[str, Any]]:
     text, text_url = start_fake_upstream("text", "--reasoning-words", "5")
     vl, vl_url = start_fake_upstream("vl", "--image-tokens-each", "64")
+    backup, backup_url = start_fake_upstream("backup", "--reasoning-words", "5")
     other, other_url = start_fake_upstream("other")
     config = {
         "model_list": [
             {"model_name": name, "litellm_params": {"model": "hosted_vllm/fake-model", "api_base": url + "/v1"}}
-            for name, url in (("qwen", text_url), ("qwen-vl", vl_url), ("other", other_url))
+            for name, url in (("qwen", text_url), ("qwen-vl", vl_url), ("other", other_url),
+                              ("qwen-guarded", text_url), ("qwen-backup", backup_url))
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"], "num_retries": 0},
+        # The operator's own fallback between two governed groups.
+        "router_settings": {"fallbacks": [{"qwen-guarded": ["qwen-backup"]}]},
         "litellm_kv": {"model_groups": {
             "qwen": {"reasoning": {"style": "vllm", "max_budget": 50}},
+            "qwen-guarded": {"reasoning": {"style": "vllm", "max_budget": 50}},
+            "qwen-backup": {"reasoning": {"style": "vllm", "max_budget": 50}},
             "qwen-vl": {"vision": {"family": "qwen2_5_vl", "max_images_per_request": 1}},
         }},
     }
     proxy = start_proxy(config, name="litellm-fallbacks", keys=KEYS, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     try:
-        yield {"proxy": proxy, "text": text_url, "vl": vl_url, "other": other_url}
+        yield {"proxy": proxy, "text": text_url, "vl": vl_url, "other": other_url, "backup": backup_url}
     finally:
         proxy.stop()
         text.stop()
         vl.stop()
         other.stop()
+        backup.stop()
 
 
 def _png() -> str:
@@ -96,3 +103,19 @@ def test_a_fallback_to_an_ungoverned_group_still_works(stack: dict[str, Any]) ->
         _failing(stack["text"], 0)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "answer from other"
+
+
+def test_a_fallback_the_operator_configured_still_works(stack: dict[str, Any]) -> None:
+    """``router_settings.fallbacks`` between two governed groups is the operator's choice: it goes on, with the
+    limits the first group's decision wrote into the request."""
+    proxy = stack["proxy"]
+    body = {"model": "qwen-guarded", "messages": [{"role": "user", "content": "hi"}]}
+    _failing(stack["text"], 500)
+    try:
+        r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-client"), timeout=60)
+    finally:
+        _failing(stack["text"], 0)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "answer from backup"
+    up = httpx.get(stack["backup"] + "/_requests", timeout=5).json()[-1]["body"]
+    assert up["thinking_token_budget"] == 50

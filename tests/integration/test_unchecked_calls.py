@@ -20,6 +20,7 @@ from litellm.proxy.litellm_pre_call_utils import LiteLLMProxyRequestSetup
 
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.governance.budgets import MemoryPeriodBudgets
+from litellm_kv.integration import litellm_data
 from litellm_kv.integration.callback import LiteLLMKV
 from litellm_kv.integration.reasoning_hooks import ReasoningHandler
 from litellm_kv.integration.routing_hooks import KVRoutingHandler
@@ -115,6 +116,17 @@ def test_a_fallback_to_another_governed_group_is_refused() -> None:
         asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion"))
     assert "fallback of model 'qwen'" in refused.value.message
     data["metadata"]["model_group"] = "open"  # a fallback to a group without limits goes on
+    assert asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion")) is data
+
+
+def test_a_fallback_the_operator_configured_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The router's settings stand in for a proxy's (read through litellm_data.configured_fallbacks).
+    monkeypatch.setattr(litellm_data, "configured_fallbacks", lambda group: {"qwen-vl"} if group == "qwen" else set())
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {"model": "qwen", "litellm_call_id": "chat-1", "messages": [], "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    data["metadata"]["model_group"] = "qwen-vl"
     assert asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion")) is data
 
 
