@@ -325,6 +325,9 @@ def _chat(proxy: Proxy, model: str, messages: list[dict[str, Any]], key: str = M
 
 
 def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:
+    # The restart test before this one waits for the KV group only: the shadow group shares its engines, and its
+    # subscriber may still be catching up with the restarted one (then nothing is predicted yet).
+    proxy.wait_kv_exact(SHADOW, timeout=60)
     before = _metric(proxy, "litellm_kv_routing_decisions_total")
     shadow_before = _metric(proxy, "litellm_kv_shadow_tokens_total")
     msgs = [{"role": "system", "content": "shadow trial " * 120}, {"role": "user", "content": "hello"}]
