@@ -76,31 +76,32 @@ def _failing(url: str, status: int) -> None:
     httpx.post(url + "/_fail", json={"status": status}, timeout=5).raise_for_status()
 
 
+def _chat_while_the_text_engine_fails(stack: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
+    """A chat request sent while the reasoning groups' engine answers 500 (so the router falls back)."""
+    proxy = stack["proxy"]
+    _failing(stack["text"], 500)
+    try:
+        return httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-client"),
+                          timeout=60)
+    finally:
+        _failing(stack["text"], 0)
+
+
 def test_a_fallback_to_a_group_with_other_limits_is_refused(stack: dict[str, Any]) -> None:
     """Three images to a group that allows one, reached as the fallback of a failing reasoning group."""
-    proxy = stack["proxy"]
     images = [{"type": "image_url", "image_url": {"url": _png()}} for _ in range(3)]
     body = {"model": "qwen", "fallbacks": ["qwen-vl"],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, *images]}]}
-    _failing(stack["text"], 500)
-    try:
-        before = _received(stack["vl"])
-        r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-client"), timeout=60)
-    finally:
-        _failing(stack["text"], 0)
+    before = _received(stack["vl"])
+    r = _chat_while_the_text_engine_fails(stack, body)
     assert r.status_code >= 400, r.text
     assert "governance.unchecked_call" in r.text
     assert _received(stack["vl"]) == before  # the vision engine never saw the uncounted images
 
 
 def test_a_fallback_to_an_ungoverned_group_still_works(stack: dict[str, Any]) -> None:
-    proxy = stack["proxy"]
     body = {"model": "qwen", "fallbacks": ["other"], "messages": [{"role": "user", "content": "hi"}]}
-    _failing(stack["text"], 500)
-    try:
-        r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-client"), timeout=60)
-    finally:
-        _failing(stack["text"], 0)
+    r = _chat_while_the_text_engine_fails(stack, body)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "answer from other"
 
@@ -108,13 +109,8 @@ def test_a_fallback_to_an_ungoverned_group_still_works(stack: dict[str, Any]) ->
 def test_a_fallback_the_operator_configured_still_works(stack: dict[str, Any]) -> None:
     """``router_settings.fallbacks`` between two governed groups is the operator's choice: it goes on, with the
     limits the first group's decision wrote into the request."""
-    proxy = stack["proxy"]
     body = {"model": "qwen-guarded", "messages": [{"role": "user", "content": "hi"}]}
-    _failing(stack["text"], 500)
-    try:
-        r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=proxy.headers("sk-client"), timeout=60)
-    finally:
-        _failing(stack["text"], 0)
+    r = _chat_while_the_text_engine_fails(stack, body)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "answer from backup"
     up = httpx.get(stack["backup"] + "/_requests", timeout=5).json()[-1]["body"]
