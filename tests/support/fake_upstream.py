@@ -118,7 +118,24 @@ def build_app(args: argparse.Namespace) -> Starlette:
         rid = f"chatcmpl-{args.name}-{len(st.requests)}"
         headers = {"x-fake-deployment": args.name}
         if body.get("stream"):
+            record = st.requests[-1]
+            record["stream"] = "started"
+
             async def gen() -> Any:
+                sent = 0
+                try:
+                    async for chunk in _chunks():
+                        if args.chunk_delay_ms:
+                            await asyncio.sleep(args.chunk_delay_ms / 1000)
+                        yield chunk
+                        sent += 1
+                    record["stream"] = "done"
+                finally:
+                    record["chunks_sent"] = sent
+                    if record["stream"] != "done":
+                        record["stream"] = "cut"  # the client (the proxy) went away part-way
+
+            async def _chunks() -> Any:
                 base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": body.get("model", "fake")}
                 for k in range(n_seq):
@@ -216,6 +233,8 @@ def main() -> None:
     ap.add_argument("--image-prompt-tokens", type=int, default=0,
                     help="prompt tokens each image occupies (0: one whitespace token, the default)")
     ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--chunk-delay-ms", type=float, default=0.0,
+                    help="pause before each streamed chunk (a client can go away part-way)")
     args = ap.parse_args()
     uvicorn.run(build_app(args), host="127.0.0.1", port=args.port, log_level="warning")
 
