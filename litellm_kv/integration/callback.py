@@ -331,7 +331,8 @@ class LiteLLMKV(CustomLogger):
         applied = self.records.get(key, GOVERNED_RECORD) if key is not None else None
         caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
         try:
-            groups = sorted({g for name in litellm_data.deployment_model_groups(kwargs)
+            names = [litellm_data.deployment_group(kwargs), *litellm_data.deployment_model_groups(kwargs)]
+            groups = sorted({g for name in names if name
                              for g in self.group_names.groups_reached(name, caller.team_id)})
             # A fallback the operator configured goes on: the operator's choice, as the limits are.
             fallback = applied is not None and bool(groups) and applied not in groups

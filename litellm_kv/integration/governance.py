@@ -137,7 +137,10 @@ class GroupNames:
 
     def resolve(self, requested: str, team_id: str | None = None) -> str:
         """The group name to govern (and route) ``requested`` as; raises :class:`PolicyViolation` when
-        the name reaches governed deployments without an entry of its own."""
+        the name reaches governed deployments without an entry of its own, or lists several models of which
+        one reaches them."""
+        if "," in requested:
+            self._check_batch(requested, team_id)
         if requested in self.settings.model_groups:
             return requested
         try:
@@ -202,6 +205,37 @@ class GroupNames:
                     "without an upstream of your own.", limit_name="governance.client_upstream",
                     source=f"config model_groups.{groups[0]}",
                 )
+
+    def _check_batch(self, requested: str, team_id: str | None) -> None:
+        """LiteLLM serves a chat whose model lists names separated by commas as one call to each name (its batch
+        completion; with ``fastest_response``, the first to answer), each with the body as the client wrote it and
+        none through the pre-call hook under its own name. Refused when a name reaches a group with limits: one
+        request's limits cannot be applied to several groups' calls."""
+        if not self.governed:
+            return
+        try:
+            groups = sorted({g for name in requested.split(",") if name.strip()
+                             for g in self.groups_reached(name.strip(), team_id)})
+        except Exception as exc:
+            log.exception("litellm-kv: cannot tell whether the models of '%s' reach governed deployments",
+                          requested[:256])
+            raise PolicyViolation(
+                500, f"Whether the models listed in '{requested[:256]}' are served by the deployments of a model "
+                f"group with limits could not be checked ({type(exc).__name__}), so the request was refused; the "
+                "proxy log has the details.",
+                limit_name="governance.internal_error", value=requested[:256], source="litellm-kv",
+            ) from None
+        if not groups:
+            return
+        sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
+        named = ", ".join(f"'{g}'" for g in groups)
+        raise PolicyViolation(
+            400, f"Model '{requested[:256]}' lists several models, which LiteLLM calls each with the request as sent "
+            f"(a batch completion); model {named} among them has {' and '.join(sections)} limits, which apply to a "
+            f"request for that model alone, so the request was refused. Send one request per model, to {named} "
+            "by its own name.",
+            limit_name="governance.model_name", value=requested[:256], source=f"config model_groups.{groups[0]}",
+        )
 
     def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:
         sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)

@@ -262,6 +262,24 @@ def client_upstreams(data: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def deployment_group(kwargs: Mapping[str, Any]) -> str | None:
+    """The group (``model_name``) of the deployment a deployment-level call goes to, found by the deployment id
+    the router writes at the call's top level (``model_info``). That id is the call's own, where the metadata's
+    ``model_group`` may be shared: the lines of LiteLLM's batch completion share one metadata dict, and each
+    line's router call overwrites it. ``None`` without a router or a known id."""
+    info = kwargs.get("model_info")
+    dep_id = info.get("id") if isinstance(info, Mapping) else None
+    router = _router()
+    if not dep_id or router is None:
+        return None
+    registry = router.registry()
+    if not registry.has_deployment(str(dep_id)):
+        return None
+    dep = registry.deployment_dict(str(dep_id))
+    name = dep.get("model_name") if isinstance(dep, Mapping) else None
+    return str(name) if name else None
+
+
 def deployment_model_groups(kwargs: Mapping[str, Any]) -> list[str]:
     """The model-group names a deployment-level call carries, most specific first: ``kwargs["model_group"]``
     and the ``model_group`` of its metadata, then of its ``litellm_metadata`` (the pass-through and Responses

@@ -117,3 +117,36 @@ def test_a_group_over_other_deployments_stays_ungoverned(stack: dict[str, Any]) 
     assert r.status_code == 200, r.text
     assert "x-litellm-kv-reasoning-budget" not in r.headers
     assert _requests(stack["other"])[-1]["body"]["thinking_token_budget"] == 400  # as the client sent it
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "qwen,other"},
+    {"model": "other, qwen"},
+    {"model": "qwen,"},
+    {"model": "other,qwen-alias"},
+    {"model": "qwen,other", "fastest_response": True},
+], ids=["batch", "batch-reversed", "batch-of-one", "batch-with-alias", "fastest-response"])
+def test_governed_limits_cannot_be_skipped_by_a_batch_of_models(stack: dict[str, Any], body: dict[str, Any]) -> None:
+    """LiteLLM serves a chat whose model lists several names separated by commas as one call to each (its batch
+    completion, or the first to answer with ``fastest_response``), with the body as the client wrote it. Before, the
+    governed line reached its engine unbudgeted (``{"model": "qwen,other"}``: thinking on, no
+    ``thinking_token_budget``, its reasoning returned): the pre-call hook saw no group it knew, and the deployment
+    check read the group from request metadata the batch's lines share, which the other line had overwritten by the
+    time the router retried the refused one. Now refused when any of the names reaches a governed group."""
+    sent = len(_requests(stack["governed"]))
+    think = {"messages": [{"role": "user", "content": "think hard"}], "max_tokens": 999,
+             "chat_template_kwargs": {"enable_thinking": True}}
+    r = httpx.post(stack["proxy"].url + "/v1/chat/completions", json={**think, **body},
+                   headers=stack["proxy"].headers("sk-capped"), timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "governance.model_name", err
+    assert "'qwen'" in err["message"]
+    assert len(_requests(stack["governed"])) == sent  # never reached the engine
+
+
+def test_a_batch_of_ungoverned_models_is_still_served(stack: dict[str, Any]) -> None:
+    r = httpx.post(stack["proxy"].url + "/v1/chat/completions", headers=stack["proxy"].headers("sk-capped"),
+                   json={"model": "other,other", "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert isinstance(r.json(), list) and len(r.json()) == 2

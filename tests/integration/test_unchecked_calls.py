@@ -135,3 +135,28 @@ def test_an_application_s_own_router_is_not_governed() -> None:
     cb = LiteLLMKV(settings=SETTINGS, handlers=[KVRoutingHandler(SETTINGS, deployments=list)])
     line = _batch_line("qwen")
     assert asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion")) is line
+
+
+def test_the_deployment_s_own_group_counts_when_shared_metadata_names_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines of LiteLLM's batch completion (``"model": "qwen,other"``) share one metadata dict, and each line's
+    router call writes its own ``model_group`` into it: when the router retried the refused 'qwen' line, the metadata
+    named 'other', and the call reached qwen's engine. The deployment id the router writes at the call's top level
+    is the call's own. A real in-process ``litellm.Router`` stands in for the proxy's."""
+    import litellm
+
+    router = litellm.Router(model_list=[
+        {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://engine:8000/v1"},
+         "model_info": {"id": "dep-qwen"}},
+        {"model_name": "other", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://other:8000/v1"},
+         "model_info": {"id": "dep-other"}},
+    ])
+    monkeypatch.setattr(litellm_data, "_router", lambda: router)
+    cb = _callback()
+    line = _batch_line("other")  # the metadata as the other line left it
+    line["model_info"] = {"id": "dep-qwen"}  # this call's own deployment
+    with pytest.raises(ProxyException) as refused:
+        asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+    assert refused.value.param == "governance.unchecked_call" and "'qwen'" in refused.value.message
+    other = _batch_line("other")
+    other["model_info"] = {"id": "dep-other"}
+    assert asyncio.run(cb.async_pre_call_deployment_hook(other, "acompletion")) is other
