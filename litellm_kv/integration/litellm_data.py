@@ -174,7 +174,8 @@ def router_alias_target(name: str) -> str | None:
 def router_deployments(name: str, team_id: str | None = None) -> list[Mapping[str, Any]] | None:
     """Every deployment the router may serve ``name`` from, as LiteLLM looks it up: the group, its
     aliases, routing groups, then wildcards (``registry().deployments``), or the deployment whose id it
-    is. ``None`` without a router (not inside a proxy)."""
+    is, or else the deployments the router routes the name to by their own ``litellm_params.model``
+    (``"hosted_vllm/<served name>"``). ``None`` without a router (not inside a proxy)."""
     router = _router()
     if router is None:
         return None
@@ -184,6 +185,9 @@ def router_deployments(name: str, team_id: str | None = None) -> list[Mapping[st
         dep = registry.deployment_dict(name)
         if isinstance(dep, Mapping):
             found.append(dep)
+    if not found:
+        found = [d for d in registry.deployments(name, source="routable", team_id=team_id) or []
+                 if isinstance(d, Mapping)]
     return found
 
 

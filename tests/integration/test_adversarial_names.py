@@ -98,11 +98,13 @@ def test_vision_max_visual_tokens_follows_a_model_group_alias(stack: dict[str, A
     assert len(_requests(stack["governed"])) == sent
 
 
-@pytest.mark.parametrize("model", ["qwen-twin", "wild/fake-model"])
+@pytest.mark.parametrize("model", ["qwen-twin", "wild/fake-model", "hosted_vllm/fake-model"])
 def test_governed_limits_cannot_be_skipped_by_another_name_over_the_same_deployments(
     stack: dict[str, Any], model: str
 ) -> None:
-    """A second model_name and a wildcard over qwen's deployment have no entry of their own: refused."""
+    """A second model_name, a wildcard over qwen's deployment and the deployments' own ``litellm_params.model`` (which
+    LiteLLM's router also routes by) have no entry of their own: refused, with the name's own message (the last was
+    caught before only at the deployment, as a call that skipped the checks)."""
     sent = len(_requests(stack["governed"]))
     r = _chat(stack["proxy"], "sk-plain", model, reasoning_effort="high")
     assert r.status_code == 400, r.text
