@@ -181,3 +181,33 @@ def test_governed_groups_serve_chat_completions_only(stack: dict[str, Any], path
     assert _received(stack["governed"]) == before
     r = _post(stack["proxy"], path, json={**body, "model": "other"})  # an ungoverned group: LiteLLM's as before
     assert r.json().get("error", {}).get("param") != limit
+
+
+@pytest.mark.parametrize(("model", "limit"), [("qwen", "reasoning.endpoint"), ("qwen-vl", "vision.endpoint")])
+def test_a_realtime_session_on_a_governed_group_is_refused(stack: dict[str, Any], model: str, limit: str) -> None:
+    """LiteLLM's realtime websocket (``/v1/realtime?model=…``) runs the pre-call hook with call type ``_arealtime``:
+    a governed group refuses it with an error event naming the limit, and closes before anything reaches the engine.
+    A real websocket client against the real proxy."""
+    import asyncio
+    import json
+
+    import websockets
+
+    async def session() -> list[Any]:
+        url = stack["proxy"].url.replace("http://", "ws://") + f"/v1/realtime?model={model}"
+        got: list[Any] = []
+        async with websockets.connect(url, additional_headers=stack["proxy"].headers("sk-capped"),
+                                      open_timeout=20) as ws:
+            try:
+                while True:
+                    got.append(json.loads(await asyncio.wait_for(ws.recv(), 20)))
+            except websockets.ConnectionClosed as closed:
+                got.append(closed.rcvd.code if closed.rcvd else None)
+        return got
+
+    before = _received(stack["governed"])
+    events = asyncio.run(session())
+    assert events[-1] == 1011, events  # closed by the proxy, not by a timeout
+    errors = [e for e in events[:-1] if isinstance(e, dict) and e.get("type") == "error"]
+    assert errors and limit in errors[0]["error"]["message"] and "_arealtime" in errors[0]["error"]["message"], events
+    assert _received(stack["governed"]) == before
