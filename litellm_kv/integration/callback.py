@@ -181,10 +181,11 @@ class LiteLLMKV(CustomLogger):
         litellm_data.drop_client_entries(data)
         caller = litellm_data.caller_from_auth(user_api_key_dict)
         try:
-            # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
-            model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id)
             # An upstream the client chose (only where the operator allows client-side credentials) is no way past them.
-            self.group_names.check_client_upstreams(litellm_data.client_upstreams(data))
+            upstreams = litellm_data.client_upstreams(data)
+            self.group_names.check_client_upstreams(upstreams)
+            # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
+            model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id, bool(upstreams))
         except PolicyViolation as exc:
             raise self._refusal(exc, caller, litellm_data.model_group(data)) from None
         group = self.settings.group(model_group)

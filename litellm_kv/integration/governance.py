@@ -135,10 +135,11 @@ class GroupNames:
                 self.governed[name] = sections
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
 
-    def resolve(self, requested: str, team_id: str | None = None) -> str:
+    def resolve(self, requested: str, team_id: str | None = None, own_upstream: bool = False) -> str:
         """The group name to govern (and route) ``requested`` as; raises :class:`PolicyViolation` when
         the name reaches governed deployments without an entry of its own, or lists several models of which
-        one reaches them."""
+        one reaches them. ``own_upstream``: the request names its own upstream (checked apart), so a name
+        is not matched to deployments by their ``litellm_params.model``."""
         if "," in requested:
             self._check_batch(requested, team_id)
         if requested in self.settings.model_groups:
@@ -149,7 +150,8 @@ class GroupNames:
                 return target
             if not self.governed:
                 return target or requested
-            groups = self._governed_reached(litellm_data.router_deployments(requested, team_id) or [])
+            reached = litellm_data.router_deployments(requested, team_id, by_model=not own_upstream)
+            groups = self._governed_reached(reached or [])
         except Exception as exc:
             if not self.governed:
                 log.warning("litellm-kv: cannot resolve model '%s' through the router; using it as sent",

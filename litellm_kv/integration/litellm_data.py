@@ -171,11 +171,13 @@ def router_alias_target(name: str) -> str | None:
     return str(target) if target else None
 
 
-def router_deployments(name: str, team_id: str | None = None) -> list[Mapping[str, Any]] | None:
+def router_deployments(name: str, team_id: str | None = None, *, by_model: bool = False,
+                       ) -> list[Mapping[str, Any]] | None:
     """Every deployment the router may serve ``name`` from, as LiteLLM looks it up: the group, its
     aliases, routing groups, then wildcards (``registry().deployments``), or the deployment whose id it
-    is, or else the deployments the router routes the name to by their own ``litellm_params.model``
-    (``"hosted_vllm/<served name>"``). ``None`` without a router (not inside a proxy)."""
+    is, or else (``by_model``) the deployments the router routes the name to by their own ``litellm_params.model``
+    (``"hosted_vllm/<served name>"``: what a client's request is routed by, unless it names its own upstream,
+    which LiteLLM sends it to instead). ``None`` without a router (not inside a proxy)."""
     router = _router()
     if router is None:
         return None
@@ -185,7 +187,7 @@ def router_deployments(name: str, team_id: str | None = None) -> list[Mapping[st
         dep = registry.deployment_dict(name)
         if isinstance(dep, Mapping):
             found.append(dep)
-    if not found:
+    if not found and by_model:
         found = [d for d in registry.deployments(name, source="routable", team_id=team_id) or []
                  if isinstance(d, Mapping)]
     return found
@@ -270,7 +272,9 @@ def deployment_group(kwargs: Mapping[str, Any]) -> str | None:
     """The group (``model_name``) of the deployment a deployment-level call goes to, found by the deployment id
     the router writes at the call's top level (``model_info``). That id is the call's own, where the metadata's
     ``model_group`` may be shared: the lines of LiteLLM's batch completion share one metadata dict, and each
-    line's router call overwrites it. ``None`` without a router or a known id."""
+    line's router call overwrites it. ``None`` without a router or a known id, or when the call goes to another
+    server than the deployment's (a request that named its own ``api_base``, where the operator allows it: the
+    router keeps the deployment it matched the name to, but the call goes where the client said)."""
     info = kwargs.get("model_info")
     dep_id = info.get("id") if isinstance(info, Mapping) else None
     router = _router()
@@ -280,7 +284,14 @@ def deployment_group(kwargs: Mapping[str, Any]) -> str | None:
     if not registry.has_deployment(str(dep_id)):
         return None
     dep = registry.deployment_dict(str(dep_id))
-    name = dep.get("model_name") if isinstance(dep, Mapping) else None
+    if not isinstance(dep, Mapping):
+        return None
+    params = dep.get("litellm_params")
+    configured = params.get("api_base") if isinstance(params, Mapping) else None
+    called = kwargs.get("api_base")
+    if configured and called and str(called).rstrip("/") != str(configured).rstrip("/"):
+        return None
+    name = dep.get("model_name")
     return str(name) if name else None
 
 
