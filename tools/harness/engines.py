@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -196,13 +197,33 @@ class EngineReplica:
             Path(self.events_endpoint[len("ipc://"):]).unlink(missing_ok=True)
 
     def restart(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Kill and start again on the same ports; the new engine's ``seq`` starts at 0."""
+        """Kill and start again on the same ports; the new engine's ``seq`` starts at 0. Waits (bounded) until the
+        killed engine's ports are free: its engine-core process can hold the replay socket for a while after the
+        API server is gone, and the new engine then fails to bind it ("Address already in use")."""
         self.kill()
+        wait_ports_free([self.port, self.replay_port], timeout=30.0)
         self.start()
         self.wait_ready(timeout)
 
     def log_tail(self, n: int = 4000) -> str:
         return self.proc.log_tail(n) if self.proc is not None else ""
+
+
+def wait_ports_free(ports: Sequence[int], timeout: float) -> None:
+    """Until each TCP port on 127.0.0.1 can be bound again (as the engine binds it, address reuse allowed), or
+    ``timeout`` seconds; then returns either way and lets the start report what it finds."""
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        if not port:
+            continue
+        while time.monotonic() < deadline:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    time.sleep(0.2)
 
 
 def start_replicas(
