@@ -71,6 +71,7 @@ class ReplicaState:
     lora_roots: dict[str, str] = field(default_factory=dict)  # adapter name -> path, from /v1/models
     base_models: set[str] = field(default_factory=set)  # served names that are not adapters
     model_root: str | None = None  # the base model as the engine was given it (/v1/models 'root')
+    max_model_len: int | None = None  # the longest prompt + output the engine accepts (/v1/models)
 
     def status(self) -> dict[str, Any]:
         sub = None
@@ -87,7 +88,8 @@ class ReplicaState:
             "waiting": self.waiting, "running": self.running, "kv_usage": self.kv_usage,
             "last_scrape_age_s": round(time.time() - self.last_scrape, 3) if self.last_scrape else None,
             "error": self.error or None, "not_exact": self.not_exact or None,
-            "prompt_tokens_details_missing": self.prompt_details_missing, "subscriber": sub,
+            "prompt_tokens_details_missing": self.prompt_details_missing, "max_model_len": self.max_model_len,
+            "subscriber": sub,
         }
 
 
@@ -336,6 +338,15 @@ class Fleet:
         st.base_models = {str(m["id"]) for m in models if not m.get("parent") and m.get("id")}
         roots = {m["root"] for m in models if not m.get("parent") and isinstance(m.get("root"), str)}
         st.model_root = roots.pop() if len(roots) == 1 else None
+        lengths = [m["max_model_len"] for m in models if isinstance(m.get("max_model_len"), int)
+                   and not isinstance(m.get("max_model_len"), bool) and m["max_model_len"] > 0]
+        st.max_model_len = max(lengths) if lengths else None
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence any replica accepts (``None`` until one has said): a prompt with more tokens is
+        refused by every engine, so there is no cache to route it to."""
+        lengths = [st.max_model_len for st in self.replicas.values() if st.max_model_len]
+        return max(lengths) if lengths else None
 
     def model_root(self) -> str | None:
         """The model path every replica's engine was started with (vLLM hashes image identifiers with it

@@ -42,7 +42,13 @@ from litellm_kv.vllm.multimodal import (
     engine_identifier,
     expand_images,
 )
-from litellm_kv.vllm.tokenization import CONTENT_FORMATS, VERIFY_SAMPLES, LocalChatTokenizer, TemplateError
+from litellm_kv.vllm.tokenization import (
+    CONTENT_FORMATS,
+    VERIFY_SAMPLES,
+    LocalChatTokenizer,
+    PromptTooLong,
+    TemplateError,
+)
 
 log = logging.getLogger("litellm_kv")
 
@@ -61,6 +67,9 @@ IMAGE_TOKEN_CHECKS = counter(
 IMAGE_PAD = "<|image_pad|>"
 #: Visual-token mismatches after which a group stops routing image requests by cache.
 IMAGE_MISMATCH_LIMIT = 3
+#: Rendered prompts longer than this (characters; ~20 ms of encoding on a 2-core machine) are encoded in a worker
+#: thread, so that one long prompt does not hold every other request the proxy is serving.
+OFF_LOOP_CHARS = 200_000
 
 
 class _ImagesNeedLocal(Exception):
@@ -276,10 +285,14 @@ class KVGroup:
             # a prompt with images without processing them, so only the verified local tokenizer is used.
             if self.tokenizer is None or self.options.tokenizer == "engine":
                 raise _ImagesNeedLocal("image requests need the verified local tokenizer")
-            return self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs, content_format="openai"), "local"
+            text = self.tokenizer.render_chat(messages, tools, add_gen, kwargs, content_format="openai",
+                                              max_tokens=self.fleet.max_model_len())
+            return await self._encode(text), "local"
         if self.tokenizer is not None and self.options.tokenizer != "engine":
             try:
-                ids = self.tokenizer.chat_tokens(messages, tools, add_gen, kwargs)
+                text = self.tokenizer.render_chat(messages, tools, add_gen, kwargs,
+                                                  max_tokens=self.fleet.max_model_len())
+                ids = await self._encode(text)
                 self.requests += 1
                 if self.options.verify_every and self.requests % self.options.verify_every == 0:
                     spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
@@ -292,6 +305,14 @@ class KVGroup:
         ids = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
                                          add_generation_prompt=add_gen)
         return list(ids), "engine"
+
+    async def _encode(self, text: str) -> list[int]:
+        """The local tokenizer's ids for a rendered prompt: on the event loop, or, for a prompt long enough to hold
+        it (``OFF_LOOP_CHARS``), in a worker thread, without the segment memo (the loop's own)."""
+        assert self.tokenizer is not None
+        if len(text) <= OFF_LOOP_CHARS:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode, text, False)
 
     async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
         client = self._any_client()
@@ -340,6 +361,10 @@ class KVGroup:
                 with_images, why = False, "multimodal"
                 tokens, path = await self.tokens(request)
             STAGE_SECONDS.labels(self.name, "tokenize").observe(time.perf_counter() - t0)
+        except PromptTooLong as exc:
+            log.debug("litellm-kv: %s: routed by load: %s", self.name, exc)
+            tokens = []
+            why = why or "prompt_too_long"
         except Exception as exc:
             log.debug("litellm-kv: %s: tokenize failed: %s", self.name, exc)
             tokens = []
@@ -348,6 +373,9 @@ class KVGroup:
             if with_images:
                 tokens, features, why = self._expand_images(request, tokens)
             why = why or (self.fleet.not_exact_why and "not_exact")
+            limit = self.fleet.max_model_len()
+            if not why and limit and len(tokens) > limit:
+                why = "prompt_too_long"  # every engine refuses it: nothing to hash or look up
         lora, unknown = self.fleet.adapter(request.model) if request.model else (None, "")
         why = why or unknown
         rreq = RoutingRequest(

@@ -30,7 +30,8 @@ DECISIONS = counter(
 )
 FALLBACKS = counter(
     "routing_fallbacks",
-    "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, index_unavailable, multimodal (media "
+    "Load-only decisions and why: not_exact, no_hasher, tokenize_failed, prompt_too_long (longer than any "
+    "engine accepts), index_unavailable, multimodal (media "
     "whose identifiers or counts cannot be known exactly), multimodal_mismatch (the engine's visual-token "
     "counts disagreed), skip_prefix_cache, unknown_model.",
     ["model_group", "why"],

@@ -54,6 +54,27 @@ def _special_text(entry: Any) -> str | None:
     return None
 
 
+class PromptTooLong(Exception):
+    """A rendered prompt provably longer, in tokens, than the engines accept: there is no cache to route it to, and
+    tokenizing it would hold the proxy's event loop for nothing (a few megabytes take hundreds of milliseconds)."""
+
+
+def longest_token_chars(spec: Mapping[str, Any]) -> int:
+    """The most characters one token of a ``tokenizer.json`` can stand for: the longest vocabulary entry or added
+    token. A byte-level entry has one character per byte, and a byte holds at most one character of text, so a text of
+    ``n`` characters has at least ``n / longest`` tokens. 0 when the vocabulary cannot be read."""
+    model = spec.get("model")
+    vocab = model.get("vocab") if isinstance(model, Mapping) else None
+    if isinstance(vocab, Mapping):
+        pieces: list[Any] = list(vocab)
+    elif isinstance(vocab, list):  # Unigram: [piece, score] pairs
+        pieces = [v[0] for v in vocab if isinstance(v, (list, tuple)) and v]
+    else:
+        return 0
+    pieces += [t.get("content") for t in spec.get("added_tokens") or [] if isinstance(t, Mapping)]
+    return max((len(p) for p in pieces if isinstance(p, str)), default=0)
+
+
 class LocalChatTokenizer:
     """Chat template + tokenizer of one model, loaded from a Hugging Face model directory."""
 
@@ -90,12 +111,15 @@ class LocalChatTokenizer:
             name: text for name in ("bos_token", "eos_token", "pad_token", "unk_token")
             if (text := _special_text(cfg.get(name))) is not None
         }
+        spec = json.loads(spec_text)
+        #: See :func:`longest_token_chars`; bounds how long a prompt can be before it is certainly too long.
+        self.max_token_chars = longest_token_chars(spec) if isinstance(spec, Mapping) else 0
         # The fast path (tiktoken's BPE core, litellm_kv.vllm.bpe) when it provably gives the same ids.
         self._fast: FastBPE | None = None
         self.fast_bpe_state = "off (disabled)"
         if fast_bpe:
             try:
-                self._fast = FastBPE(json.loads(spec_text), reference=self._tok)
+                self._fast = FastBPE(spec, reference=self._tok)
                 self.fast_bpe_state = "on"
             except FastBPEUnavailable as exc:
                 self.fast_bpe_state = f"off ({exc})"
@@ -136,8 +160,8 @@ class LocalChatTokenizer:
         except Exception as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
 
-    def _encode_segment(self, text: str) -> tuple[int, ...]:
-        ids = self._cache.get(text)
+    def _encode_segment(self, text: str, memo: bool = True) -> tuple[int, ...]:
+        ids = self._cache.get(text) if memo else None
         if ids is not None:
             self._cache.move_to_end(text)
             return ids
@@ -148,17 +172,19 @@ class LocalChatTokenizer:
                 ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
         else:
             ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
-        if len(ids) <= self._cache_tokens:
+        if memo and len(ids) <= self._cache_tokens:
             self._cache[text] = ids
             self.memo_tokens += len(ids)
             while len(self._cache) > self._cache_size or self.memo_tokens > self._cache_tokens:
                 self.memo_tokens -= len(self._cache.popitem(last=False)[1])
         return ids
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without added BOS/EOS (as vLLM tokenizes a rendered chat)."""
+    def encode(self, text: str, memo: bool = True) -> list[int]:
+        """Token ids of ``text`` without added BOS/EOS (as vLLM tokenizes a rendered chat). ``memo=False`` neither
+        reads nor writes the segment memo, which only the event loop's thread may touch: for an encode run in
+        another thread."""
         if self._split is None:
-            return list(self._encode_segment(text))
+            return list(self._encode_segment(text, memo))
         out: list[int] = []
         for piece in self._split.split(text):
             if not piece:
@@ -167,7 +193,7 @@ class LocalChatTokenizer:
             if sid is not None:
                 out.append(sid)
             else:
-                out.extend(self._encode_segment(piece))
+                out.extend(self._encode_segment(piece, memo))
         return out
 
     def chat_tokens(
@@ -177,11 +203,32 @@ class LocalChatTokenizer:
         add_generation_prompt: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         content_format: str | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
         """The prompt's token ids; ``content_format`` overrides the verified one (image requests are rendered
-        in the OpenAI form, which is what vLLM gives a template that renders images)."""
+        in the OpenAI form, which is what vLLM gives a template that renders images). Raises
+        :class:`PromptTooLong`, before encoding, when the rendered text has more than twice the characters
+        ``max_tokens`` tokens can stand for (twice: room for a normaliser that shortens text)."""
+        return self.encode(self.render_chat(messages, tools, add_generation_prompt, chat_template_kwargs,
+                                            content_format, max_tokens))
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        content_format: str | None = None,
+        max_tokens: int | None = None,
+    ) -> str:
+        """The text :meth:`chat_tokens` encodes (rendering is cheap: a few milliseconds for megabytes, where
+        encoding them takes hundreds), with the same checks."""
         msgs = normalise_messages(messages, content_format or self.content_format)
-        return self.encode(self.render(msgs, tools, add_generation_prompt, chat_template_kwargs))
+        text = self.render(msgs, tools, add_generation_prompt, chat_template_kwargs)
+        if max_tokens and self.max_token_chars and len(text) > 2 * self.max_token_chars * max_tokens:
+            raise PromptTooLong(f"the prompt has {len(text)} characters: more than {max_tokens} tokens of "
+                                f"at most {self.max_token_chars} characters each, twice over")
+        return text
 
 
 def chat_template_kwargs_for(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -121,6 +121,26 @@ def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
     assert _health(proxy)["routing"]["hashing"] == "native"  # the compiled sha256 chain (litellm_kv/vllm/_chain.c)
 
 
+def test_a_prompt_longer_than_the_engines_accept_is_routed_by_load(proxy: Proxy, engines: list[EngineReplica]) -> None:
+    """A prompt no engine accepts has no cache to be routed to: it goes by load (``why="prompt_too_long"``), and
+    the engine's own refusal reaches the client. A prompt of megabytes is refused by its length in characters
+    before it is encoded (encoding 4 MB held the proxy's event loop ~0.3 s); a shorter one once its tokens are
+    counted, before they are hashed or looked up."""
+    replicas = _health(proxy)["routing"]["groups"][KV]["replicas"]
+    assert {r["max_model_len"] for r in replicas} == {engines[0].max_model_len}  # read from /v1/models
+    name = f'litellm_kv_routing_fallbacks_total{{model_group="{KV}",why="prompt_too_long"}}'
+    before = _metric(proxy, name).get(name, 0.0)
+    words = "routing cache "
+    n_tokens = len(httpx.post(f"{engines[0].url}/tokenize", json={"prompt": words * 100}, timeout=30).json()["tokens"])
+    over_by_count = words * (2 * 100 * engines[0].max_model_len // n_tokens)  # ~2x the limit in tokens
+    over_by_length = words * 400_000  # 5.6 MB
+    for text in (over_by_count, over_by_length):
+        r = httpx.post(f"{proxy.url}/v1/chat/completions", headers=HEADERS, timeout=120, json={
+            "model": KV, "max_tokens": 1, "messages": [{"role": "user", "content": text}]})
+        assert r.status_code == 400, r.text[:300]  # the engine's refusal, as without litellm-kv
+    assert _metric(proxy, name).get(name, 0.0) - before == 2
+
+
 async def _distinct_blocks(url: str, convs: list[Any], block_size: int) -> int:
     hasher = BlockHasher("sha256", block_size)
     seen: set[bytes] = set()

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from litellm_kv.vllm.bpe import KNOWN_PATTERNS, FastBPE, FastBPEUnavailable
 from litellm_kv.vllm.engine import EngineClient
-from litellm_kv.vllm.tokenization import VERIFY_SAMPLES, LocalChatTokenizer
+from litellm_kv.vllm.tokenization import VERIFY_SAMPLES, LocalChatTokenizer, PromptTooLong, longest_token_chars
 
 
 def _spec(model_dir: Path) -> dict[str, Any]:
@@ -155,6 +155,37 @@ def test_segment_memo_is_bounded_in_tokens(engine_model: Path) -> None:
     assert texts[0] in tok._cache and texts[1] not in tok._cache and texts[-1] in tok._cache
     huge = " ".join(texts[:4])  # longer than the whole bound: tokenized, not kept
     assert tok.encode(huge) == plain.encode(huge) and huge not in tok._cache
+
+
+def test_longest_token_bounds_the_characters_of_every_token(engine_model: Path) -> None:
+    """Each token of the test model stands for at most ``max_token_chars`` characters of text, so a text of n
+    characters has at least n / max_token_chars tokens (what a prompt too long for the engine is told by)."""
+    tok = LocalChatTokenizer(engine_model)
+    spec = _spec(engine_model)
+    assert tok.max_token_chars == longest_token_chars(spec) > 1
+    reference = Tokenizer.from_str(json.dumps(spec))
+    texts = [" " * 300, "#" * 500, "\n" + " " * 90, *_fuzz_texts(reference, spec, 60, seed=9)]
+    for text in texts:
+        ids = tok.encode(text)
+        assert len(ids) * tok.max_token_chars >= len(text), text[:40]
+    assert longest_token_chars({"model": {"vocab": [["▁hello", -1.0], ["x", -2.0]]}}) == 6  # Unigram pairs
+    assert longest_token_chars({"model": {"type": "WordLevel"}}) == 0  # no vocabulary read: no bound
+
+
+def test_a_prompt_longer_than_any_engine_accepts_is_refused_before_it_is_encoded(engine_model: Path) -> None:
+    """``max_tokens`` (the engines' ``max_model_len``): a rendered prompt with more than twice the characters that
+    many tokens can stand for raises :class:`PromptTooLong` without being encoded; shorter ones are encoded as
+    before, and ``memo=False`` (an encode in a worker thread) gives the same ids without touching the memo."""
+    tok = LocalChatTokenizer(engine_model)
+    long_text = "routing cache " * (tok.max_token_chars * 20)
+    msgs = [{"role": "user", "content": long_text}]
+    with pytest.raises(PromptTooLong):
+        tok.chat_tokens(msgs, max_tokens=10)
+    assert tok.memo_tokens == 0  # refused before encoding
+    ids = tok.chat_tokens(msgs, max_tokens=10**6)
+    assert ids == tok.chat_tokens(msgs)
+    fresh = LocalChatTokenizer(engine_model)
+    assert fresh.encode(tok.render_chat(msgs), memo=False) == ids and fresh.memo_tokens == 0
 
 
 def _conversations() -> list[dict[str, Any]]:
