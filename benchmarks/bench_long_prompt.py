@@ -34,7 +34,14 @@ WORDS = "routing cache alpha beta "
 TICK_S = 0.025
 
 
-async def one_run(proxy: Proxy, group: str, chars: int) -> tuple[float, float, float, int]:
+def long_messages(size: int, shape: str) -> list[dict[str, str]]:
+    """One message of ``size`` characters, or ``size`` short messages (user and assistant in turn)."""
+    if shape == "messages":
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(size - 1 | 1)]
+    return [{"role": "user", "content": WORDS * (size // len(WORDS))}]
+
+
+async def one_run(proxy: Proxy, group: str, chars: int, shape: str = "text") -> tuple[float, float, float, int]:
     """(long request's latency, small requests' median before it, their worst while it was in the proxy; ms) and
     the long request's status."""
     lat: list[tuple[float, float]] = []  # (start, latency)
@@ -50,10 +57,10 @@ async def one_run(proxy: Proxy, group: str, chars: int) -> tuple[float, float, f
 
         task = asyncio.create_task(ticker())
         await asyncio.sleep(1.5)
-        text = WORDS * (chars // len(WORDS))
+        messages = long_messages(chars, shape)
         t0 = time.perf_counter()
         r = await client.post(proxy.url + "/v1/chat/completions", headers=bpo.HEADERS, json={
-            "model": group, "max_tokens": 1, "messages": [{"role": "user", "content": text}]})
+            "model": group, "max_tokens": 1, "messages": messages})
         t1 = time.perf_counter()
         await asyncio.sleep(0.3)
         done.set()
@@ -65,8 +72,11 @@ async def one_run(proxy: Proxy, group: str, chars: int) -> tuple[float, float, f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="300000,1000000,4000000", help="long prompts' lengths in characters")
+    ap.add_argument("--sizes", default="300000,1000000,4000000",
+                    help="long prompts' lengths in characters (--shape messages: in messages)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--shape", choices=["text", "messages"], default="text",
+                    help="text: one message of SIZE characters; messages: SIZE short messages")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     engines = bpo.start_engines("96M")
@@ -80,7 +90,7 @@ def main() -> int:
             for rep in range(args.repeat):
                 order = (bpo.DEFAULT, bpo.KV) if rep % 2 == 0 else (bpo.KV, bpo.DEFAULT)
                 for group in order:
-                    res = asyncio.run(one_run(proxy, group, chars))
+                    res = asyncio.run(one_run(proxy, group, chars, args.shape))
                     rows.setdefault((chars, group), []).append(res)
                     print(f"  {chars:>9} chars  {group:<12} rep {rep}: long {res[0]:7.0f} ms ({res[3]}), small "
                           f"p50 before {res[1]:5.1f} ms, worst during {res[2]:6.0f} ms", flush=True)
