@@ -107,16 +107,22 @@ def proxy(engines: list[EngineReplica], engine_model: Any) -> Iterator[Proxy]:
         p.stop()
 
 
-def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
-    """The test model's tokenizer.json is the engine's, so the group verifies its local tokenizer against
-    /tokenize and routes on the fast path (the one users with a real checkpoint get)."""
-    deadline = time.monotonic() + 30
+def _local_tokenizer(proxy: Proxy, timeout: float = 30) -> str:
+    """The group's tokenizer state once it is the verified local one (or as it stands at the timeout)."""
+    deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
         state = str(proxy.kv_health(KV).get("tokenizer"))
         if state.startswith("local"):
             break
         time.sleep(0.5)
+    return state
+
+
+def test_kv_group_tokenizes_locally_with_fast_bpe(proxy: Proxy) -> None:
+    """The test model's tokenizer.json is the engine's, so the group verifies its local tokenizer against
+    /tokenize and routes on the fast path (the one users with a real checkpoint get)."""
+    state = _local_tokenizer(proxy)
     assert state.startswith("local (verified") and "fast BPE on" in state, state
     assert _health(proxy)["routing"]["hashing"] == "native"  # the compiled sha256 chain (litellm_kv/vllm/_chain.c)
 
@@ -126,6 +132,7 @@ def test_a_prompt_longer_than_the_engines_accept_is_routed_by_load(proxy: Proxy,
     the engine's own refusal reaches the client. A prompt of megabytes is refused by its length in characters
     before it is encoded (encoding 4 MB held the proxy's event loop ~0.3 s); a shorter one once its tokens are
     counted, before they are hashed or looked up."""
+    assert _local_tokenizer(proxy).startswith("local (verified")  # the bound by length is the local tokenizer's
     replicas = _health(proxy)["routing"]["groups"][KV]["replicas"]
     assert {r["max_model_len"] for r in replicas} == {engines[0].max_model_len}  # read from /v1/models
     name = f'litellm_kv_routing_fallbacks_total{{model_group="{KV}",why="prompt_too_long"}}'
