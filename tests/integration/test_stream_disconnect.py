@@ -112,9 +112,15 @@ def _settled(r: Any, key: str, timeout_s: float = 15.0) -> int:
     raise AssertionError(f"holds of {key} were never settled: {r.hgetall(key + ':holds')}")
 
 
-def _last_stream(upstream: str) -> dict[str, Any]:
-    recorded: dict[str, Any] = httpx.get(upstream + "/_requests", timeout=5).json()[-1]
-    return recorded
+def _last_stream(upstream: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The upstream's record of its last request once its stream has ended ("done", or "cut" when the proxy went
+    away part-way: the fake notices at its next chunk)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        recorded: dict[str, Any] = httpx.get(upstream + "/_requests", timeout=5).json()[-1]
+        if recorded.get("stream") != "started" or time.monotonic() > deadline:
+            return recorded
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("words", [10, REASONING_WORDS + 2], ids=["mid-reasoning", "after-the-answer-began"])
