@@ -229,22 +229,25 @@ class GroupNames:
             ) from None
         if not groups:
             return
-        sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
-        named = ", ".join(f"'{g}'" for g in groups)
+        named, sections = self._named(groups)
         raise PolicyViolation(
             400, f"Model '{requested[:256]}' lists several models, which LiteLLM calls each with the request as sent "
-            f"(a batch completion); model {named} among them has {' and '.join(sections)} limits, which apply to a "
+            f"(a batch completion); model {named} among them has {sections} limits, which apply to a "
             f"request for that model alone, so the request was refused. Send one request per model, to {named} "
             "by its own name.",
             limit_name="governance.model_name", value=requested[:256], source=f"config model_groups.{groups[0]}",
         )
 
-    def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:
+    def _named(self, groups: list[str]) -> tuple[str, str]:
+        """``groups`` quoted for a message, and the sections they have limits in (``"reasoning and vision"``)."""
         sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
-        named = ", ".join(f"'{g}'" for g in groups)
+        return ", ".join(f"'{g}'" for g in groups), " and ".join(sections)
+
+    def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:
+        named, sections = self._named(groups)
         return PolicyViolation(
             400, f"Model '{requested}' is served by the same deployments as model {named}, which has "
-            f"{' and '.join(sections)} limits, but '{requested}' has no litellm_kv.model_groups entry of its own, "
+            f"{sections} limits, but '{requested}' has no litellm_kv.model_groups entry of its own, "
             f"so those limits cannot follow it and the request was refused. Use model {named}; the proxy's "
             f"operator can instead configure '{requested}' under litellm_kv.model_groups or make it a "
             "router_settings.model_group_alias of a governed group.",
