@@ -14,7 +14,7 @@ proxy that dies mid-call gives its holds back. Concurrent requests therefore can
 the same remainder: a window is overspent only by what requests use beyond what they held.
 
 Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs on both:
-``tests/governance/test_budgets.py``):
+``tests/governance/test_budgets.py``), and a third refuses every call:
 
 * :class:`MemoryPeriodBudgets`: per process (``mode: embedded`` with one proxy worker). Each
   operation runs without an ``await`` inside, so it is atomic on the event loop without a lock.
@@ -24,6 +24,9 @@ Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs 
   keys of one scope in one Redis Cluster slot. Every operation is one Lua script (:data:`_SCRIPT`),
   so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
   after their window ends.
+* :class:`UnsharedPeriodBudgets`: a proxy served by several worker processes without a Redis, where each
+  worker's memory would grant the whole budget. Every call raises :class:`BudgetsNotShared`, so requests
+  that need a period budget are refused (fail closed, whatever ``on_store_error`` says).
 
 Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a circuit breaker
 (the :class:`~litellm_kv.redis_client.RedisGuard` every request-path store uses): after
@@ -92,6 +95,10 @@ DEFAULT_HOLD_TTL_S = BudgetSettings().hold_ttl_s
 
 class BudgetStoreError(LiteLLMKVError):
     """The budget store could not be read or written and the store is configured to fail closed."""
+
+
+class BudgetsNotShared(BudgetStoreError):
+    """Period budgets cannot be enforced by this configuration (not an outage: asking again will not help)."""
 
 
 class Period(str, Enum):
@@ -675,10 +682,51 @@ class RedisPeriodBudgets:
             self.loop.close()
 
 
-def make_period_budgets(target: str | RedisTarget | None, options: BudgetSettings | None = None) -> PeriodBudgets:
+class UnsharedPeriodBudgets:
+    """The store of a proxy whose worker processes have nothing to share budgets through: each would keep
+    its own in memory and grant the whole budget, so every call is refused with ``why``
+    (:class:`BudgetsNotShared`), whatever ``on_store_error`` says."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def _refuse(self) -> BudgetsNotShared:
+        return BudgetsNotShared(self.why)
+
+    async def check(self, scope: str, meter: str, period: Period, limit: int,
+                    now: datetime | None = None) -> BudgetState:
+        raise self._refuse()
+
+    async def charge(self, scope: str, meter: str, period: Period, amount: int, now: datetime | None = None) -> int:
+        raise self._refuse()
+
+    async def reserve(self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
+                      now: datetime | None = None) -> Hold:
+        raise self._refuse()
+
+    async def settle(self, scope: str, meter: str, period: Period, hold: str, amount: int,
+                     now: datetime | None = None) -> int:
+        raise self._refuse()
+
+    async def release(self, scope: str, meter: str, period: Period, hold: str, now: datetime | None = None) -> None:
+        raise self._refuse()
+
+    def fail_open_hold(self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
+                       now: datetime) -> Hold:
+        raise self._refuse()
+
+    async def close(self) -> None:
+        return None
+
+
+def make_period_budgets(target: str | RedisTarget | None, options: BudgetSettings | None = None, *,
+                        unshared_why: str | None = None) -> PeriodBudgets:
     """Redis-backed budgets when a Redis is configured (a URL or settings), otherwise in-process ones, both
-    as ``options`` (``litellm_kv.budgets``) say."""
+    as ``options`` (``litellm_kv.budgets``) say. ``unshared_why``: the process is one of several that would
+    each keep their own (several proxy workers), so without a Redis every budget is refused with that reason."""
     o = options or BudgetSettings()
+    if not target and unshared_why:
+        return UnsharedPeriodBudgets(unshared_why)
     if target:
         return RedisPeriodBudgets(
             target, fail_open=o.on_store_error == "fail_open", hold_ttl_s=o.hold_ttl_s,

@@ -33,6 +33,7 @@ from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.metadata_gate import install as install_metadata_gate
 from litellm_kv.integration.passthrough_gate import install as install_passthrough_gate
 from litellm_kv.integration.refusals import RecentRefusals
+from litellm_kv.integration.workers import status as workers_status
 from litellm_kv.redis_client import guard_status
 
 log = logging.getLogger("litellm_kv")
@@ -95,6 +96,8 @@ def register(callback: HandlerSet | Handler) -> None:
             "routing": kv.health(ttft_errors_since) if kv is not None else None,
             # Deadline and circuit breaker of each Redis store on the routing path (index, load, pins).
             "redis": guard_status(),
+            # Worker processes, and what each keeps for itself when there are several.
+            "workers": workers_status(callback.settings),
         }
 
     @router.post("/route")
@@ -209,4 +212,4 @@ def _page_routes(router: Any, callback: HandlerSet, admin: Any) -> None:
     async def fleet(auth: UserAPIKeyAuth = Depends(user_api_key_auth)) -> dict[str, Any]:
         admin(auth)
         await callback.ensure_started()
-        return admin_page.fleet_view(callback.handler("kv"), callback.handler("affinity"))
+        return admin_page.fleet_view(callback.handler("kv"), callback.handler("affinity"), callback.settings)

@@ -33,7 +33,7 @@ from typing import Any
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError
 from litellm_kv.governance import metadata, reasoning, vision_policy
-from litellm_kv.governance.budgets import Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetsNotShared, Period, PeriodBudgets
 from litellm_kv.governance.policy import (
     PeriodLimit,
     PolicyLayer,
@@ -45,6 +45,7 @@ from litellm_kv.governance.policy import (
 from litellm_kv.integration.governance import key_budget_scope, team_budget_scope
 from litellm_kv.integration.hooks import Caller, Handler
 from litellm_kv.integration.refusals import RecentRefusals
+from litellm_kv.integration.workers import status as workers_status
 from litellm_kv.redis_client import guard_status
 
 #: Feature sections an owner's ``litellm_kv`` object may hold: their period fields and meter (the fields
@@ -172,6 +173,8 @@ async def _usage(budgets: PeriodBudgets | None, meter: str, section: str, pls: I
         else:
             try:
                 state = await budgets.check(pl.scope, meter, pl.period, pl.limit.value, now=now)
+            except BudgetsNotShared as exc:  # several workers and no Redis: nothing is enforced, say why
+                row["error"] = f"not enforced: {exc}"
             except Exception as exc:  # the store is down and fails closed: say so instead of a number
                 row["error"] = f"budget store unavailable ({type(exc).__name__})"
             else:
@@ -252,7 +255,7 @@ def _ratio(num: float, den: float) -> float | None:
     return round(num / den, 4) if den else None
 
 
-def fleet_view(kv: Any, affinity: Any) -> dict[str, Any]:
+def fleet_view(kv: Any, affinity: Any, settings: Settings) -> dict[str, Any]:
     """The fleet as this proxy process sees it: ``/litellm-kv/health`` and the counters behind the metrics."""
     samples = _samples()
     health = kv.health() if kv is not None else None
@@ -286,6 +289,7 @@ def fleet_view(kv: Any, affinity: Any) -> dict[str, Any]:
     return {
         "at": time.time(),
         "process": f"pid {os.getpid()}",
+        "workers": workers_status(settings),
         "mode": (health or {}).get("mode"),
         "hashing": (health or {}).get("hashing"),
         "kv_routing": health is not None,

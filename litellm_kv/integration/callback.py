@@ -35,6 +35,7 @@ from litellm_kv.integration.call_records import CallRecords
 from litellm_kv.integration.governance import GroupNames
 from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
 from litellm_kv.integration.refusals import RecentRefusals
+from litellm_kv.integration.workers import report as report_workers
 from litellm_kv.observability import counter, histogram
 
 log = logging.getLogger("litellm_kv")
@@ -150,6 +151,7 @@ class LiteLLMKV(CustomLogger):
                     INTERNAL_ERRORS.labels(h.name, "startup").inc()
                     log.exception("litellm-kv: %s failed to start", h.name)
             self._ready = True
+            report_workers(self.settings)  # what each of several workers would keep for itself: said once
             watch_gc_pauses()
             if self.settings.freeze_startup_heap:
                 _freeze_startup_heap()

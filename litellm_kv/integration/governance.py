@@ -14,11 +14,18 @@ from typing import Any, Generic, TypeVar
 
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import ConfigError, PolicyViolation
-from litellm_kv.governance.budgets import BudgetStoreError, Period, PeriodBudgets, make_period_budgets
+from litellm_kv.governance.budgets import (
+    BudgetsNotShared,
+    BudgetStoreError,
+    Period,
+    PeriodBudgets,
+    make_period_budgets,
+)
 from litellm_kv.governance.policy import PolicyLayer, config_layer, metadata_layer
 from litellm_kv.integration import litellm_data
 from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import DeploymentTarget
+from litellm_kv.integration.workers import budgets_not_shared_why, proxy_workers
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.tasks import spawn_held
 
@@ -47,6 +54,14 @@ async def settle_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mut
                 await budgets.charge(ch["scope"], meter, Period(ch["period"]), tokens, now=_taken_at(ch))
         except BudgetStoreError:
             log.warning("litellm-kv: could not charge %s %s to %s", tokens, meter.replace("_", " "), ch["scope"])
+
+
+def store_failure(meter_title: str, exc: BudgetStoreError) -> tuple[str, dict[str, str]]:
+    """The message and headers of the 503 when ``meter_title`` ("Reasoning") budgets could not be asked:
+    an outage is worth retrying soon; a configuration that cannot share budgets is not."""
+    if isinstance(exc, BudgetsNotShared):
+        return f"{meter_title} budgets cannot be enforced on this proxy: {exc}.", {}
+    return f"{meter_title} budgets cannot be checked right now: {exc}", {"Retry-After": "5"}
 
 
 async def release_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[MutableMapping[str, Any]]) -> None:
@@ -321,7 +336,10 @@ class GovernanceHandler(Handler, Generic[G]):
     @property
     def budgets(self) -> PeriodBudgets:
         if self._budgets is None:
-            self._budgets = make_period_budgets(self.settings.redis_for("budgets"), self.settings.budgets)
+            workers = proxy_workers()
+            self._budgets = make_period_budgets(
+                self.settings.redis_for("budgets"), self.settings.budgets,
+                unshared_why=budgets_not_shared_why(workers) if workers.several else None)
         return self._budgets
 
     async def startup(self) -> None:

@@ -43,7 +43,7 @@ from litellm_kv.governance.reasoning import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, reported_reasoning_tokens, set_reasoning_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds, unmetered_endpoint
+from litellm_kv.integration.governance import GovernanceHandler, release_holds, store_failure, unmetered_endpoint
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter
 from litellm_kv.routing.affinity.meters import HFMeter
@@ -298,8 +298,8 @@ class ReasoningHandler(GovernanceHandler[GroupReasoningSettings]):
                 except BudgetStoreError as exc:
                     await release_holds(self.budgets, METER, decision.charges)
                     REJECTED.labels(group, "store_unavailable").inc()
-                    raise PolicyViolation(503, f"Reasoning budgets cannot be checked right now: {exc}",
-                                          limit_name="reasoning.store", headers={"Retry-After": "5"}) from None
+                    message, headers = store_failure("Reasoning", exc)
+                    raise PolicyViolation(503, message, limit_name="reasoning.store", headers=headers) from None
                 metered = held.metered
             if held.granted:
                 # A hold granted while the store failed open is this process's own (settled like the others).

@@ -61,7 +61,7 @@ from litellm_kv.governance.vision_policy import (
 )
 from litellm_kv.integration import litellm_data, stream_usage
 from litellm_kv.integration.billing import record_breakdown, set_image_tokens
-from litellm_kv.integration.governance import GovernanceHandler, release_holds, unmetered_endpoint
+from litellm_kv.integration.governance import GovernanceHandler, release_holds, store_failure, unmetered_endpoint
 from litellm_kv.integration.hooks import ProxyRequest
 from litellm_kv.observability import counter, histogram
 from litellm_kv.vllm.multimodal import image_identifier
@@ -302,8 +302,8 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                 try:
                     state = await self.budgets.check(pl.scope, METER, pl.period, pl.limit.value, now=now)
                 except BudgetStoreError as exc:
-                    raise self._reject(req, 503, "vision.store", "Visual-token budgets cannot be checked right "
-                                       f"now: {exc}", None, None, "", {"Retry-After": "5"}) from None
+                    message, headers = store_failure("Visual-token", exc)
+                    raise self._reject(req, 503, "vision.store", message, None, None, "", headers) from None
                 metered = state.metered
             if not state.metered:
                 charges[-1]["unmetered"] = True
@@ -343,8 +343,8 @@ class VisionHandler(GovernanceHandler[GroupVisionSettings]):
                                                       now=at)
                 except BudgetStoreError as exc:
                     await release_holds(self.budgets, METER, charges)
-                    raise self._reject(req, 503, "vision.store", "Visual-token budgets cannot be checked right "
-                                       f"now: {exc}", None, None, "", {"Retry-After": "5"}) from None
+                    message, headers = store_failure("Visual-token", exc)
+                    raise self._reject(req, 503, "vision.store", message, None, None, "", headers) from None
             failed_open = failed_open or not held.metered
             if held.granted:
                 ch["hold"], ch["held"] = hold_id, held.granted

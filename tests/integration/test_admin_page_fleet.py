@@ -102,6 +102,7 @@ def test_fleet_view_shows_replicas_exactness_accuracy_and_hit_rates(
         page.click("#tab-fleet")
         card = page.locator(f'.group[data-group="{GROUP}"]')
         expect(card).to_be_visible()
+        assert page.is_hidden("#fleet-workers")  # one worker: nothing kept per worker to warn of
         expect(card.locator("h3 .badge")).to_have_text("exact")
         rows = card.locator("table.replicas tbody tr")
         expect(rows).to_have_count(len(engines))

@@ -320,6 +320,12 @@ function ttftError(e) {
 function renderFleet(f) {
   $("fleet-meta").textContent = "As seen by " + f.process + (f.mode ? " · mode " + f.mode : "")
     + (f.hashing ? " · hashing " + f.hashing : "") + " · " + new Date(f.at * 1000).toISOString().slice(11, 19) + " UTC";
+  const w = f.workers || {};
+  const perWorker = Object.values(w.per_worker || {});
+  const warn = $("fleet-workers");
+  warn.hidden = perWorker.length === 0;
+  warn.replaceChildren(...(perWorker.length ? [el("strong", {}, w.count + " worker processes (" + w.from + "): "),
+    "each keeps for itself what follows.", el("ul", {}, ...perWorker.map((t) => el("li", {}, t)))] : []));
   const box = $("fleet-groups");
   box.replaceChildren();
   const groups = Object.entries(f.groups || {});
