@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 
-from tests.support.browser import chromium
+from tests.support.browser import chromium, sign_in
 from tests.support.fake_upstream import start_fake_upstream
 from tools.harness.database import start_db_proxy, unavailable
 from tools.harness.procs import ARTIFACTS, ROOT
@@ -138,9 +138,7 @@ def traffic(stack: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sign_in(page: Any, proxy: Proxy, key: str = MASTER_KEY) -> None:
-    page.goto(proxy.url + "/litellm-kv/ui")
-    page.fill("#admin-key", key)
-    page.click("#signin-form button[type=submit]")
+    sign_in(page, proxy.url, key)
 
 
 def _show(page: Any, kind: str, ident: str) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import chromium
+from tests.support.browser import chromium, sign_in
 from tools.harness.engines import EngineReplica, reset_prefix_caches
 from tools.harness.procs import ARTIFACTS
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
@@ -95,9 +95,7 @@ def test_fleet_view_shows_replicas_exactness_accuracy_and_hit_rates(
 
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(proxy.url + "/litellm-kv/ui")
-        page.fill("#admin-key", MASTER_KEY)
-        page.click("#signin-form button[type=submit]")
+        sign_in(page, proxy.url, MASTER_KEY)
         page.wait_for_selector("#app:not([hidden])")
         page.click("#tab-fleet")
         card = page.locator(f'.group[data-group="{GROUP}"]')
@@ -142,8 +140,6 @@ def test_non_admin_key_gets_no_fleet_data(proxy: Proxy) -> None:
         assert r.status_code == 403, (path, r.text)
     with chromium() as browser:
         page = browser.new_page()
-        page.goto(proxy.url + "/litellm-kv/ui")
-        page.fill("#admin-key", "sk-user")
-        page.click("#signin-form button[type=submit]")
+        sign_in(page, proxy.url, "sk-user")
         expect(page.locator("#signin-error")).to_have_text("Not signed in: this key is not a proxy admin.")
         assert page.is_hidden("#app")

@@ -24,3 +24,10 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+def sign_in(page: Any, proxy_url: str, key: str) -> None:
+    """Open the admin page of the proxy at ``proxy_url`` and sign in with ``key`` (what follows is the test's)."""
+    page.goto(proxy_url + "/litellm-kv/ui")
+    page.fill("#admin-key", key)
+    page.click("#signin-form button[type=submit]")
