@@ -414,6 +414,15 @@ class BudgetSettings:
             raise ValueError("breaker_open_s and hold_ttl_s must be > 0")
 
 
+@dataclass(frozen=True, slots=True)
+class StorePlace:
+    """One store of a configuration (``use``: budgets, index, load, pins) and its Redis (``None``: the proxy
+    process's memory)."""
+
+    use: str
+    redis: RedisSettings | None
+
+
 @dataclass(slots=True)
 class Settings:
     """Top-level litellm-kv settings (``litellm_kv:`` in the LiteLLM config)."""
@@ -457,6 +466,12 @@ class Settings:
     model_groups: dict[str, ModelGroupSettings] = doc(
         "Per model-group settings, keyed by the LiteLLM model_name.", default_factory=dict
     )
+    redis_eviction_check_s: float = doc(
+        "How often the proxy reads, from each Redis its stores use, maxmemory, maxmemory-policy and evicted_keys "
+        "(INFO): a Redis that may delete their keys when full is reported, and once it has deleted keys, period "
+        "budgets kept there are refused and a shared index there routes load-only (docs/operations.md).",
+        default=60.0,
+    )
     freeze_startup_heap: bool = doc(
         "After start-up, collect once and gc.freeze() the proxy's heap, so later full garbage collections "
         "(which pause the event loop) walk only objects created by requests. Frozen objects are never "
@@ -475,7 +490,31 @@ class Settings:
             return self.redis
         return RedisSettings(url=self.redis_url) if self.redis_url else None
 
+    def stores(self) -> list[StorePlace]:
+        """The stores this configuration's groups use, each with where it keeps its state: period budgets (groups
+        with reasoning or vision limits), the KV index and load (KV-routed groups; in the process in embedded
+        mode) and affinity pins (listed twice when some groups keep them in memory and others in Redis)."""
+        groups = self.model_groups.values()
+        out: list[StorePlace] = []
+        if any(g.reasoning or g.vision for g in groups):
+            out.append(StorePlace("budgets", self.redis_for("budgets")))
+        if any(g.routing == "kv" for g in groups):
+            shared = self.mode == "shared"
+            out.append(StorePlace("index", self.redis_for("index") if shared else None))
+            out.append(StorePlace("load", self.redis_for("load") if shared else None))
+        pins = self.redis_for("pins")
+        kinds = set()
+        for g in groups:
+            if g.routing == "affinity":
+                store = g.affinity.get("store", "auto") if isinstance(g.affinity, dict) else "auto"
+                # As the affinity handler chooses (an invalid value is refused there, with the reason).
+                kinds.add(store == "redis" or (store == "auto" and (self.mode == "shared" or pins is not None)))
+        out.extend(StorePlace("pins", pins if in_redis else None) for in_redis in sorted(kinds))
+        return out
+
     def validate(self) -> None:
+        if not self.redis_eviction_check_s > 0:
+            raise ValueError("redis_eviction_check_s must be > 0")
         if self.redis is not None and self.redis_url and (self.redis.url != self.redis_url):
             raise ValueError("set either redis_url or redis, not both (redis_url is the short form of redis.url)")
 

@@ -11,7 +11,7 @@ from typing import TextIO
 from litellm_kv.doctor.deployment import DeploymentPlan, read_deployment
 from litellm_kv.doctor.engines import GroupCheck
 from litellm_kv.doctor.report import Report, Status
-from litellm_kv.doctor.shared import check_indexers, check_redis
+from litellm_kv.doctor.shared import check_eviction, check_indexers, check_redis
 from litellm_kv.errors import ConfigError
 
 
@@ -52,6 +52,9 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         report.section("redis and indexers")
         await check_redis(plan, report, timeout_s=opts.timeout_s)
         await check_indexers(opts.indexers, report, timeout_s=opts.timeout_s)
+    if any(p.redis is not None for p in plan.settings.stores()):
+        report.section("redis eviction")
+        await check_eviction(plan, report)
     for group in plan.groups:
         await GroupCheck(group, report, timeout_s=opts.timeout_s).run()
     if opts.key:

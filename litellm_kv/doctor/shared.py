@@ -1,5 +1,6 @@
 """Checks of what shared mode adds: Redis reachable, and an indexer feeding every replica (its heartbeat in
-Redis, and each ``--indexer`` URL's ``/health``)."""
+Redis, and each ``--indexer`` URL's ``/health``); and of every Redis the stores use, whether it deletes their
+keys when full (:mod:`litellm_kv.redis_eviction`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from litellm_kv.config import REDIS_SOURCES, RedisSettings
 from litellm_kv.doctor.deployment import DeploymentPlan
 from litellm_kv.doctor.report import Report, Status
 from litellm_kv.index.redis import RedisIndex
+from litellm_kv.redis_eviction import FIX, EvictionWatch
 
 FIX_INDEXER = ("run `litellm-kv indexer --config indexer.yaml` with this replica's api_base under the group "
                "(docs/indexer.md); at least two for availability")
@@ -92,3 +94,33 @@ def _safe(url: str) -> str:
     if "@" in rest:
         rest = "***@" + rest.split("@", 1)[1]
     return scheme + sep + rest
+
+
+async def check_eviction(plan: DeploymentPlan, report: Report) -> None:
+    """Each Redis a store of the config keeps its state in: whether it may delete that state when full (a
+    warning) and whether it has (an error: the proxy then refuses the budgets kept there, and routes a shared
+    index there by load)."""
+    watches: dict[str, EvictionWatch] = {}
+    for place in plan.settings.stores():
+        if place.redis is not None:
+            w = watches.setdefault(_describe(place.redis), EvictionWatch(place.redis))
+            w.uses.add(place.use)
+    for where, w in watches.items():
+        e = await w.refresh()
+        if e is None:
+            report.add("redis.eviction", where, Status.WARN, f"INFO could not be read: {w.error}",
+                       "check that the proxy's Redis user may run INFO")
+            continue
+        uses = ", ".join(sorted(w.uses))
+        at_risk = sorted(u for u in w.uses if e.may_evict(u))
+        problems = [w.problem(u) for u in sorted(w.uses) if w.problem(u)]
+        if problems:
+            report.add("redis.eviction", where, Status.ERROR, "; ".join(problems), FIX)
+        elif at_risk:
+            report.add("redis.eviction", where, Status.WARN,
+                       f"maxmemory-policy {e.policy} with maxmemory {e.maxmemory} bytes: once full it deletes keys of "
+                       f"{', '.join(at_risk)} (none evicted yet)", FIX)
+        else:
+            limit = f"maxmemory {e.maxmemory} bytes" if e.maxmemory else "no maxmemory"
+            report.add("redis.eviction", where, Status.OK, f"keeps the keys of {uses}: maxmemory-policy {e.policy}, "
+                       f"{limit}")

@@ -25,8 +25,11 @@ Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs 
   so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
   after their window ends.
 * :class:`UnsharedPeriodBudgets`: a proxy served by several worker processes without a Redis, where each
-  worker's memory would grant the whole budget. Every call raises :class:`BudgetsNotShared`, so requests
+  worker's memory would grant the whole budget. Every call raises :class:`BudgetStoreUnfit`, so requests
   that need a period budget are refused (fail closed, whatever ``on_store_error`` says).
+
+The Redis store refuses the same way (checks and reservations; settling goes on) once its Redis may delete
+budget counters when full and has deleted keys (``unfit``, :mod:`litellm_kv.redis_eviction`).
 
 Every Redis call has a deadline (``BudgetSettings.deadline_ms``) and goes through a circuit breaker
 (the :class:`~litellm_kv.redis_client.RedisGuard` every request-path store uses): after
@@ -97,8 +100,9 @@ class BudgetStoreError(LiteLLMKVError):
     """The budget store could not be read or written and the store is configured to fail closed."""
 
 
-class BudgetsNotShared(BudgetStoreError):
-    """Period budgets cannot be enforced by this configuration (not an outage: asking again will not help)."""
+class BudgetStoreUnfit(BudgetStoreError):
+    """Period budgets cannot be enforced by this configuration (not an outage: asking again will not help):
+    several workers with nothing to share them through, or a Redis that deletes them when full."""
 
 
 class Period(str, Enum):
@@ -488,8 +492,12 @@ class RedisPeriodBudgets:
         loop: RedisLoop | None = None,
         clock: Callable[[], datetime] = utc_now,
         client: Any = None,
+        unfit: Callable[[], str] | None = None,
     ) -> None:
+        """``unfit``: why the Redis can no longer be trusted with budgets (``""`` while it can), asked before every
+        check and reservation; settling and releasing go on, so what was used is still recorded."""
         self.prefix = prefix
+        self.unfit = unfit
         self.fail_open = fail_open
         self.hold_ttl_s = hold_ttl_s
         # Without a guard every call waits for its own answer (the client's socket timeout).
@@ -510,6 +518,11 @@ class RedisPeriodBudgets:
             client = connect(target, RedisUse.BUDGETS, timeout_s=timeout_s)
         self._redis = client
         self._script = client.register_script(_SCRIPT)
+
+    def _refuse_if_unfit(self) -> None:
+        why = self.unfit() if self.unfit is not None else ""
+        if why:
+            raise BudgetStoreUnfit(why)
 
     def key(self, scope: str, meter: str, period: Period, now: datetime) -> str:
         """The Redis key of one counter (``{scope}`` is the Redis Cluster hash tag)."""
@@ -571,6 +584,7 @@ class RedisPeriodBudgets:
     async def check(
         self, scope: str, meter: str, period: Period, limit: int, now: datetime | None = None
     ) -> BudgetState:
+        self._refuse_if_unfit()
         now = now or self._clock()
         reset_at = period.window(now)[1]
         key = self.key(scope, meter, period, now)
@@ -599,6 +613,7 @@ class RedisPeriodBudgets:
         self, scope: str, meter: str, period: Period, limit: int, amount: int | None, hold: str,
         now: datetime | None = None,
     ) -> Hold:
+        self._refuse_if_unfit()
         now = now or self._clock()
         reset_at = period.window(now)[1]
         key = self.key(scope, meter, period, now)
@@ -685,13 +700,13 @@ class RedisPeriodBudgets:
 class UnsharedPeriodBudgets:
     """The store of a proxy whose worker processes have nothing to share budgets through: each would keep
     its own in memory and grant the whole budget, so every call is refused with ``why``
-    (:class:`BudgetsNotShared`), whatever ``on_store_error`` says."""
+    (:class:`BudgetStoreUnfit`), whatever ``on_store_error`` says."""
 
     def __init__(self, why: str) -> None:
         self.why = why
 
-    def _refuse(self) -> BudgetsNotShared:
-        return BudgetsNotShared(self.why)
+    def _refuse(self) -> BudgetStoreUnfit:
+        return BudgetStoreUnfit(self.why)
 
     async def check(self, scope: str, meter: str, period: Period, limit: int,
                     now: datetime | None = None) -> BudgetState:
@@ -720,10 +735,11 @@ class UnsharedPeriodBudgets:
 
 
 def make_period_budgets(target: str | RedisTarget | None, options: BudgetSettings | None = None, *,
-                        unshared_why: str | None = None) -> PeriodBudgets:
+                        unshared_why: str | None = None, unfit: Callable[[], str] | None = None) -> PeriodBudgets:
     """Redis-backed budgets when a Redis is configured (a URL or settings), otherwise in-process ones, both
     as ``options`` (``litellm_kv.budgets``) say. ``unshared_why``: the process is one of several that would
-    each keep their own (several proxy workers), so without a Redis every budget is refused with that reason."""
+    each keep their own (several proxy workers), so without a Redis every budget is refused with that reason.
+    ``unfit``: why the Redis can no longer be trusted with budgets (see :class:`RedisPeriodBudgets`)."""
     o = options or BudgetSettings()
     if not target and unshared_why:
         return UnsharedPeriodBudgets(unshared_why)
@@ -733,5 +749,6 @@ def make_period_budgets(target: str | RedisTarget | None, options: BudgetSetting
             guard=RedisGuard(RedisUse.BUDGETS, GuardSettings(o.deadline_ms, o.breaker_failures, o.breaker_open_s),
                              second_look=True),
             loop=RedisLoop(RedisUse.BUDGETS.value, backstop_s=o.deadline_ms / 1000.0 + LOOP_BACKSTOP_S),
+            unfit=unfit,
         )
     return MemoryPeriodBudgets(hold_ttl_s=o.hold_ttl_s)

@@ -35,6 +35,7 @@ from litellm_kv.integration.passthrough_gate import install as install_passthrou
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.integration.workers import status as workers_status
 from litellm_kv.redis_client import guard_status
+from litellm_kv.redis_eviction import status as eviction_status
 
 log = logging.getLogger("litellm_kv")
 _registered = False
@@ -98,6 +99,8 @@ def register(callback: HandlerSet | Handler) -> None:
             "redis": guard_status(),
             # Worker processes, and what each keeps for itself when there are several.
             "workers": workers_status(callback.settings),
+            # Each Redis the stores use: whether it may delete their keys when full, and whether it has.
+            "redis_eviction": eviction_status(),
         }
 
     @router.post("/route")

@@ -33,7 +33,7 @@ from typing import Any
 from litellm_kv.config import Settings
 from litellm_kv.errors import MetadataError
 from litellm_kv.governance import metadata, reasoning, vision_policy
-from litellm_kv.governance.budgets import BudgetsNotShared, Period, PeriodBudgets
+from litellm_kv.governance.budgets import BudgetStoreUnfit, Period, PeriodBudgets
 from litellm_kv.governance.policy import (
     PeriodLimit,
     PolicyLayer,
@@ -47,6 +47,7 @@ from litellm_kv.integration.hooks import Caller, Handler
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.integration.workers import status as workers_status
 from litellm_kv.redis_client import guard_status
+from litellm_kv.redis_eviction import status as eviction_status
 
 #: Feature sections an owner's ``litellm_kv`` object may hold: their period fields and meter (the fields
 #: themselves are :data:`litellm_kv.governance.metadata.SECTIONS`).
@@ -173,7 +174,7 @@ async def _usage(budgets: PeriodBudgets | None, meter: str, section: str, pls: I
         else:
             try:
                 state = await budgets.check(pl.scope, meter, pl.period, pl.limit.value, now=now)
-            except BudgetsNotShared as exc:  # several workers and no Redis: nothing is enforced, say why
+            except BudgetStoreUnfit as exc:  # several workers and no Redis: nothing is enforced, say why
                 row["error"] = f"not enforced: {exc}"
             except Exception as exc:  # the store is down and fails closed: say so instead of a number
                 row["error"] = f"budget store unavailable ({type(exc).__name__})"
@@ -290,6 +291,7 @@ def fleet_view(kv: Any, affinity: Any, settings: Settings) -> dict[str, Any]:
         "at": time.time(),
         "process": f"pid {os.getpid()}",
         "workers": workers_status(settings),
+        "redis_eviction": eviction_status(),
         "mode": (health or {}).get("mode"),
         "hashing": (health or {}).get("hashing"),
         "kv_routing": health is not None,

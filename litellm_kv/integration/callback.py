@@ -37,6 +37,8 @@ from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
 from litellm_kv.integration.refusals import RecentRefusals
 from litellm_kv.integration.workers import report as report_workers
 from litellm_kv.observability import counter, histogram
+from litellm_kv.redis_eviction import keep_watching, watch
+from litellm_kv.tasks import spawn_held
 
 log = logging.getLogger("litellm_kv")
 
@@ -152,6 +154,9 @@ class LiteLLMKV(CustomLogger):
                     log.exception("litellm-kv: %s failed to start", h.name)
             self._ready = True
             report_workers(self.settings)  # what each of several workers would keep for itself: said once
+            # Whether a Redis the stores use may delete their keys (redis_eviction): read now and then regularly.
+            if [watch(p.redis, p.use) for p in self.settings.stores() if p.redis is not None]:
+                spawn_held(_background, keep_watching(self.settings.redis_eviction_check_s))
             watch_gc_pauses()
             if self.settings.freeze_startup_heap:
                 _freeze_startup_heap()

@@ -15,8 +15,8 @@ from typing import Any, Generic, TypeVar
 from litellm_kv.config import ModelGroupSettings, Settings, parse_section
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.governance.budgets import (
-    BudgetsNotShared,
     BudgetStoreError,
+    BudgetStoreUnfit,
     Period,
     PeriodBudgets,
     make_period_budgets,
@@ -26,6 +26,8 @@ from litellm_kv.integration import litellm_data
 from litellm_kv.integration.hooks import Caller, Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import DeploymentTarget
 from litellm_kv.integration.workers import budgets_not_shared_why, proxy_workers
+from litellm_kv.redis_client import RedisUse
+from litellm_kv.redis_eviction import problem as eviction_problem
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.tasks import spawn_held
 
@@ -59,7 +61,7 @@ async def settle_holds(budgets: PeriodBudgets, meter: str, charges: Iterable[Mut
 def store_failure(meter_title: str, exc: BudgetStoreError) -> tuple[str, dict[str, str]]:
     """The message and headers of the 503 when ``meter_title`` ("Reasoning") budgets could not be asked:
     an outage is worth retrying soon; a configuration that cannot share budgets is not."""
-    if isinstance(exc, BudgetsNotShared):
+    if isinstance(exc, BudgetStoreUnfit):
         return f"{meter_title} budgets cannot be enforced on this proxy: {exc}.", {}
     return f"{meter_title} budgets cannot be checked right now: {exc}", {"Retry-After": "5"}
 
@@ -337,9 +339,11 @@ class GovernanceHandler(Handler, Generic[G]):
     def budgets(self) -> PeriodBudgets:
         if self._budgets is None:
             workers = proxy_workers()
+            target = self.settings.redis_for("budgets")
             self._budgets = make_period_budgets(
-                self.settings.redis_for("budgets"), self.settings.budgets,
-                unshared_why=budgets_not_shared_why(workers) if workers.several else None)
+                target, self.settings.budgets,
+                unshared_why=budgets_not_shared_why(workers) if workers.several else None,
+                unfit=lambda: eviction_problem(target, RedisUse.BUDGETS.value))
         return self._budgets
 
     async def startup(self) -> None:

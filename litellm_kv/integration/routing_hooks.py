@@ -47,6 +47,8 @@ from litellm_kv.integration.vision_hooks import (
     explain_record,
 )
 from litellm_kv.observability import counter, histogram
+from litellm_kv.redis_client import RedisUse
+from litellm_kv.redis_eviction import problem as eviction_problem
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.group import ChatRequest, KVGroup
 from litellm_kv.routing.options import KVRoutingSettings
@@ -147,7 +149,7 @@ class KVRoutingHandler(Handler):
             if redis is None:
                 raise RuntimeError(f"litellm_kv.mode: shared needs a Redis: {REDIS_SOURCES}")
             from litellm_kv.index.redis import RedisIndex
-            from litellm_kv.redis_client import RedisGuard, RedisUse
+            from litellm_kv.redis_client import RedisGuard
 
             self.index = RedisIndex(redis,
                                     guard=RedisGuard(RedisUse.INDEX, self.settings.redis_routing))
@@ -156,6 +158,10 @@ class KVRoutingHandler(Handler):
                                         self.backend,
                                         members=functools.partial(self._group_deployments, name),
                                         redis_limits=self.settings.redis_routing)
+        if not embedded:
+            index_redis = self.settings.redis_for("index")
+            for g in self.groups.values():
+                g.fleet.index_problem = functools.partial(eviction_problem, index_redis, RedisUse.INDEX.value)
         for name, g in self.groups.items():
             deps = self._group_deployments(name)
             if deps:

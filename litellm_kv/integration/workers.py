@@ -28,10 +28,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from litellm_kv.config import Settings, parse_section
-from litellm_kv.errors import ConfigError
+from litellm_kv.config import Settings
 from litellm_kv.observability import gauge
-from litellm_kv.routing.affinity.options import AffinitySettings
+from litellm_kv.redis_client import RedisUse
 
 log = logging.getLogger("litellm_kv")
 
@@ -91,30 +90,18 @@ def proxy_workers(environ: Mapping[str, str] | None = None) -> Workers:
     return Workers(1)
 
 
+#: The stores whose state, kept in the process, each worker would keep for itself (the KV index is complete in
+#: every worker: each subscribes to every engine's events).
+_UNSHARED_USES = {RedisUse.BUDGETS.value: "period_budgets", RedisUse.LOAD.value: "kv_load",
+                  RedisUse.PINS.value: "affinity_pins"}
+
+
 def unshared_state(settings: Settings, workers: Workers) -> list[str]:
     """The keys of :data:`UNSHARED` this configuration keeps per worker, when several workers run (else none)."""
     if not workers.several:
         return []
-    groups = settings.model_groups
-    out = []
-    if settings.redis_for("budgets") is None and any(g.reasoning or g.vision for g in groups.values()):
-        out.append("period_budgets")
-    if settings.mode == "embedded" and any(g.routing == "kv" for g in groups.values()):
-        out.append("kv_load")
-    if any(g.routing == "affinity" and _pins_in_memory(settings, name) for name, g in groups.items()):
-        out.append("affinity_pins")
-    return out
-
-
-def _pins_in_memory(settings: Settings, name: str) -> bool:
-    try:
-        opts = parse_section(AffinitySettings, settings.model_groups[name].affinity,
-                             f"litellm_kv.model_groups.{name}.affinity")
-    except ConfigError:
-        return False  # the affinity handler refuses the group and says why
-    if opts.store == "auto":
-        return settings.mode != "shared" and settings.redis_for("pins") is None
-    return opts.store == "memory"
+    kept = {_UNSHARED_USES[p.use] for p in settings.stores() if p.redis is None and p.use in _UNSHARED_USES}
+    return [s for s in UNSHARED if s in kept]
 
 
 def budgets_not_shared_why(workers: Workers) -> str:

@@ -116,6 +116,8 @@ class Fleet:
         # Told when a replica's cache was purged (AllBlocksCleared, a restart, lost events): KVGroup's sibling
         # predictions there are void.
         self.on_purge: Callable[[str], None] | None = None
+        # Why the index itself may be missing entries (a shared index in a Redis that deletes keys), or "".
+        self.index_problem: Callable[[], str] | None = None
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -285,6 +287,8 @@ class Fleet:
                     why = "exactness check failed (" + "; ".join(bad) + ")"
         if why == "" and self._make_hasher() is None:
             why = "hash settings cannot be reproduced (xxhash without a hash_seed)"
+        if why == "" and self.index_problem is not None:
+            why = self.index_problem()
         if why != self.not_exact_why:
             if why:
                 log.warning("litellm-kv: group %s routes load-only: %s", self.group, why)

@@ -155,3 +155,32 @@ def test_an_unreachable_redis_is_an_error(engines: list[EngineReplica], engine_m
     assert code == 1
     (found,) = _by(report, "redis.reachable")
     assert found["status"] == "error" and "127.0.0.1:1" in found["detail"], progress
+
+
+@pytest.mark.redis
+def test_a_redis_that_deletes_budget_counters_is_named(tmp_path: Path) -> None:
+    """``redis.eviction``: ok with Redis's default policy, a warning once ``maxmemory-policy`` may delete the
+    budgets' keys, an error (exit 1) once it has deleted keys, as the proxy would then refuse those budgets."""
+    from tests.index.test_redis_eviction import cap_memory, fill_until_evicted
+
+    redis = RedisServer(name="doctor-redis-eviction")
+    try:
+        config = {"model_list": [{"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/q",
+                                                                           "api_base": "http://127.0.0.1:9/v1"}}],
+                  "litellm_kv": {"redis_url": redis.url, "model_groups": {"qwen": {"reasoning": {"style": "vllm"}}}}}
+        code, report, progress = _doctor(config, tmp_path)
+        (found,) = _by(report, "redis.eviction")
+        assert code == 0 and found["status"] == "ok" and "noeviction" in found["detail"], progress
+        r = redis.client()
+        cap_memory(r, "volatile-lru")
+        code, report, progress = _doctor(config, tmp_path)
+        (found,) = _by(report, "redis.eviction")
+        assert code == 0 and found["status"] == "warn", progress
+        assert "deletes keys of budgets (none evicted yet)" in found["detail"] and "noeviction" in found["fix"]
+        fill_until_evicted(r, ttl=True)
+        code, report, progress = _doctor(config, tmp_path)
+        (found,) = _by(report, "redis.eviction")
+        assert code == 1 and found["status"] == "error", progress
+        assert "maxmemory-policy volatile-lru" in found["detail"] and "budget counter" in found["detail"]
+    finally:
+        redis.stop()

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.index.test_redis_eviction import cap_memory, fill_until_evicted
 from tests.integration.test_routing_e2e import DEFAULT, KV, _config, _metric, _reset
 from tools.harness.engines import EngineReplica
 from tools.harness.indexer import running_indexer
@@ -51,6 +52,7 @@ def proxies(engines: list[EngineReplica], engine_model: Any, redis_srv: RedisSer
     # This module measures routing quality; a lookup past the routing deadline falls back to load (tested
     # in test_redis_faults.py), which two proxies, an indexer and two engines on 2 cores can cause.
     cfg["litellm_kv"]["redis_routing"] = {"deadline_ms": 500}
+    cfg["litellm_kv"]["redis_eviction_check_s"] = 0.5  # the last test makes the Redis evict keys
     started: list[Proxy] = []
     try:
         started = start_proxies([cfg, cfg], ["shared-proxy-a", "shared-proxy-b"])
@@ -157,3 +159,32 @@ def test_redis_outage_keeps_requests_flowing(proxies: list[Proxy], redis_srv: Re
     else:
         raise AssertionError("no cache-routed decision after Redis recovered")
     print(f"cache-routed decisions resumed {time.monotonic() - deadline + 60:.1f}s after the indexer recovered")
+
+
+def test_an_index_in_a_redis_that_evicted_keys_routes_load_only(proxies: list[Proxy], redis_srv: RedisServer) -> None:
+    """Last in the module: it makes the shared Redis delete keys, the index's among them. With
+    ``maxmemory-policy allkeys-lru`` a full Redis deletes any key, so once it has, the index may miss entries and
+    every proxy routes the group by load, saying why; with the policy fixed, they route by cache again."""
+    r = redis_srv.client()
+    cap_memory(r, "allkeys-lru")
+    try:
+        fill_until_evicted(r, ttl=False)
+        for p in proxies:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                health = p.kv_health(KV)
+                if not health["exact"]:
+                    break
+                time.sleep(0.25)
+            assert "maxmemory-policy allkeys-lru" in str(health["not_exact_why"]), health["not_exact_why"]
+            assert "index entries" in str(health["not_exact_why"])
+        body = {"model": KV, "max_tokens": 4, "messages": [{"role": "user", "content": "after the eviction"}]}
+        resp = httpx.post(f"{proxies[0].url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+        assert resp.status_code == 200, resp.text
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", "0")
+        for key in r.scan_iter("filler:*", count=1000):
+            r.delete(key)
+    for p in proxies:
+        _wait_ready(p)

@@ -11,7 +11,7 @@ import pytest
 
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.governance.budgets import (
-    BudgetsNotShared,
+    BudgetStoreUnfit,
     MemoryPeriodBudgets,
     Period,
     RedisPeriodBudgets,
@@ -85,14 +85,28 @@ def test_period_budgets_of_several_workers_without_a_redis_refuse_every_call() -
                      store.charge("key:a", "reasoning_tokens", Period.DAY, 10, now=now),
                      store.settle("key:a", "reasoning_tokens", Period.DAY, "h", 10, now=now),
                      store.release("key:a", "reasoning_tokens", Period.DAY, "h", now=now)):
-            with pytest.raises(BudgetsNotShared, match="4 worker processes"):
+            with pytest.raises(BudgetStoreUnfit, match="4 worker processes"):
                 await call
 
     asyncio.run(calls())
-    with pytest.raises(BudgetsNotShared):
+    with pytest.raises(BudgetStoreUnfit):
         store.fail_open_hold("key:a", "reasoning_tokens", Period.DAY, 100, 10, "h", now)
     # One worker, or a Redis: the stores as before.
     assert isinstance(make_period_budgets(None), MemoryPeriodBudgets)
     shared = make_period_budgets("redis://127.0.0.1:1/0", unshared_why=why)
     assert isinstance(shared, RedisPeriodBudgets)
     asyncio.run(shared.close())
+
+
+def test_where_each_store_keeps_its_state() -> None:
+    """``Settings.stores()``: what the worker report and the Redis eviction watch are built from."""
+    url = "redis://127.0.0.1:1/0"
+    budgets_own = {"url": "redis://127.0.0.1:2/0"}
+    settings = _settings(mode="shared", redis_url=url, budgets={"redis": budgets_own}, model_groups={
+        "q": {**KV, **REASONING}, "a": AFFINITY, "m": {**AFFINITY, "affinity": {"store": "memory"}}})
+    places = [(p.use, p.redis.url if p.redis else None) for p in settings.stores()]
+    assert places == [("budgets", "redis://127.0.0.1:2/0"), ("index", url), ("load", url), ("pins", None),
+                      ("pins", url)]
+    embedded = _settings(model_groups={"q": KV})
+    assert [(p.use, p.redis) for p in embedded.stores()] == [("index", None), ("load", None)]
+    assert _settings(model_groups={"plain": {"routing": "none"}}).stores() == []

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "litellm_kv"
 
 # Unit -> units it may import (besides itself). A unit is a sub-package or a top-level module of litellm_kv.
-BASE = ("config", "errors", "observability", "tasks", "retire", "redis_client")
+BASE = ("config", "errors", "observability", "tasks", "retire", "redis_client", "redis_eviction")
 RULES: dict[str, tuple[str, ...]] = {
     "errors": (),
     "retire": (),
@@ -23,6 +23,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "observability": (),
     "config": ("errors",),
     "redis_client": ("observability",),
+    "redis_eviction": ("observability", "redis_client"),
     "index": ("errors", "observability", "tasks", "retire", "redis_client"),
     "vllm": ("index", *BASE),
     "routing": ("vllm", "index", *BASE),

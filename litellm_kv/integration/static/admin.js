@@ -326,6 +326,15 @@ function renderFleet(f) {
   warn.hidden = perWorker.length === 0;
   warn.replaceChildren(...(perWorker.length ? [el("strong", {}, w.count + " worker processes (" + w.from + "): "),
     "each keeps for itself what follows.", el("ul", {}, ...perWorker.map((t) => el("li", {}, t)))] : []));
+  const evicting = (f.redis_eviction || []).filter((r) => r.may_evict.length);
+  const ev = $("fleet-eviction");
+  ev.hidden = evicting.length === 0;
+  ev.className = "notice " + (evicting.some((r) => Object.keys(r.problems).length) ? "error" : "warn");
+  ev.replaceChildren(...evicting.map((r) => el("p", {},
+    el("strong", {}, "Redis " + r.redis + ": "),
+    "maxmemory-policy " + r.policy + " with maxmemory " + num(r.maxmemory) + " bytes, " + num(r.evicted_keys)
+      + " keys evicted so far; once full it deletes keys of " + r.may_evict.join(", ") + ".",
+    ...Object.entries(r.problems).map(([use, why]) => el("span", { class: "block" }, use + ": " + why)))));
   const box = $("fleet-groups");
   box.replaceChildren();
   const groups = Object.entries(f.groups || {});
