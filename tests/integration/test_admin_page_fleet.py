@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import chromium, sign_in
+from tests.support.browser import admin_tab, chromium, sign_in
 from tools.harness.engines import EngineReplica, reset_prefix_caches
 from tools.harness.procs import ARTIFACTS
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
@@ -94,10 +94,7 @@ def test_fleet_view_shows_replicas_exactness_accuracy_and_hit_rates(
     health = proxy.kv_health(GROUP)
 
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        sign_in(page, proxy.url, MASTER_KEY)
-        page.wait_for_selector("#app:not([hidden])")
-        page.click("#tab-fleet")
+        page = admin_tab(browser, proxy.url, MASTER_KEY, "fleet")
         card = page.locator(f'.group[data-group="{GROUP}"]')
         expect(card).to_be_visible()
         assert page.is_hidden("#fleet-workers")  # one worker: nothing kept per worker to warn of

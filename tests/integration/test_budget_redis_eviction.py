@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.index.test_redis_eviction import cap_memory, fill_until_evicted
-from tests.support.browser import chromium, sign_in
+from tests.support.browser import admin_tab, chromium
 from tests.support.fake_upstream import start_fake_upstream
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.redis_server import RedisServer
@@ -107,10 +107,7 @@ def test_budgets_in_a_redis_that_evicted_keys_are_refused_until_its_policy_is_fi
     assert "once full it deletes keys of budgets" in proxy.proc.log_tail(200_000)
 
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        sign_in(page, proxy.url, MASTER_KEY)
-        page.wait_for_selector("#app:not([hidden])")
-        page.click("#tab-fleet")
+        page = admin_tab(browser, proxy.url, MASTER_KEY, "fleet")
         notice = page.locator("#fleet-eviction")
         expect(notice).to_be_visible()
         expect(notice).to_contain_text("maxmemory-policy volatile-lru")

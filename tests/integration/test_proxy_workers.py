@@ -18,7 +18,7 @@ from litellm.proxy._types import UserAPIKeyAuth
 from playwright.sync_api import expect
 
 from litellm_kv.governance.budgets import Period
-from tests.support.browser import chromium, sign_in
+from tests.support.browser import admin_tab, chromium
 from tests.support.fake_upstream import start_fake_upstream
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.redis_server import RedisServer
@@ -83,10 +83,7 @@ def _workers(proxy: Proxy) -> dict[str, Any]:
 def _page_warns(proxy: Proxy) -> None:
     """The admin page's fleet tab, in a real headless Chromium, says what each worker keeps for itself."""
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        sign_in(page, proxy.url, MASTER_KEY)
-        page.wait_for_selector("#app:not([hidden])")
-        page.click("#tab-fleet")
+        page = admin_tab(browser, proxy.url, MASTER_KEY, "fleet")
         warning = page.locator("#fleet-workers")
         expect(warning).to_be_visible()
         expect(warning).to_contain_text("3 worker processes (NUM_WORKERS)")

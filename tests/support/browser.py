@@ -31,3 +31,12 @@ def sign_in(page: Any, proxy_url: str, key: str) -> None:
     page.goto(proxy_url + "/litellm-kv/ui")
     page.fill("#admin-key", key)
     page.click("#signin-form button[type=submit]")
+
+
+def admin_tab(browser: Any, proxy_url: str, key: str, tab: str) -> Any:
+    """A new page of ``browser`` signed in to the proxy's admin page with ``key``, on ``tab`` (``owner``, ``fleet``)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    sign_in(page, proxy_url, key)
+    page.wait_for_selector("#app:not([hidden])")
+    page.click(f"#tab-{tab}")
+    return page
