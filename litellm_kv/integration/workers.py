@@ -65,13 +65,18 @@ class Workers:
 
     count: int
     source: str = ""
+    raw: str = ""  # the variable's value as set
 
     @property
     def several(self) -> bool:
         return self.count > 1
 
     def describe(self) -> str:
-        return f"{self.count} worker processes ({self.source}={self.count})" if self.source else "one worker process"
+        if not self.source:
+            return "one worker process"
+        raw = self.raw or str(self.count)
+        count = str(self.count) if raw == str(self.count) else "several"  # an unreadable value counts as several
+        return f"{count} worker processes ({self.source}={raw})"
 
 
 def proxy_workers(environ: Mapping[str, str] | None = None) -> Workers:
@@ -85,8 +90,8 @@ def proxy_workers(environ: Mapping[str, str] | None = None) -> Workers:
         try:
             count = int(raw.strip())
         except ValueError:
-            return Workers(2, name)
-        return Workers(count if count >= 1 else 2, name)
+            return Workers(2, name, raw.strip())
+        return Workers(count if count >= 1 else 2, name, raw.strip())
     return Workers(1)
 
 

@@ -36,7 +36,10 @@ from litellm_kv.integration.workers import Workers, budgets_not_shared_why, prox
     ({"NUM_WORKERS": "-3"}, 2, "NUM_WORKERS"),
 ])
 def test_the_worker_count_comes_from_the_environment(env: dict[str, str], count: int, source: str) -> None:
-    assert proxy_workers(env) == Workers(count, source)
+    w = proxy_workers(env)
+    assert (w.count, w.source) == (count, source)
+    if source:
+        assert w.describe().endswith(f"({source}={env[source].strip()})")
 
 
 def _settings(**section: Any) -> Settings:
