@@ -121,7 +121,7 @@ class EvictionWatch:
     last: Eviction | None = None
     error: str = ""
     read_at: float = 0.0
-    _reported: tuple[str, int] | None = None
+    _reported: tuple[str, tuple[str, ...], bool] | None = None
 
     @property
     def where(self) -> str:
@@ -151,15 +151,17 @@ class EvictionWatch:
         for use in self.uses:
             MAY_EVICT.labels(use).set(1 if e.may_evict(use) else 0)
             EVICTED_KEYS.labels(use).set(e.evicted_keys)
-        at_risk = sorted(u for u in self.uses if e.may_evict(u))
-        state = (e.policy, e.evicted_keys)
+        at_risk = tuple(sorted(u for u in self.uses if e.may_evict(u)))
+        evicted = e.evicted_keys > 0
+        state = (e.policy, at_risk, evicted)
         if not at_risk or state == self._reported:
-            return
+            return  # said once per policy and per first eviction, not at every reading of a growing count
         self._reported = state
-        log.error("litellm-kv: Redis %s has maxmemory-policy %s with maxmemory %d bytes (%d keys evicted so far): "
-                  "once full it deletes keys of %s: %s. %s (docs/operations.md, \"A Redis that evicts keys\").",
-                  self.where, e.policy, e.maxmemory, e.evicted_keys, ", ".join(at_risk),
-                  "; ".join(LOSS[u] for u in at_risk), FIX)
+        log.log(logging.ERROR if evicted else logging.WARNING,
+                "litellm-kv: Redis %s has maxmemory-policy %s with maxmemory %d bytes (%d keys evicted so far): "
+                "once full it deletes keys of %s: %s. %s (docs/operations.md, \"A Redis that evicts keys\").",
+                self.where, e.policy, e.maxmemory, e.evicted_keys, ", ".join(at_risk),
+                "; ".join(LOSS[u] for u in at_risk), FIX)
 
     def problem(self, use: str) -> str:
         """Why the keys of ``use`` in this Redis cannot be trusted (it may delete them and has deleted keys), or

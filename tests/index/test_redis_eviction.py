@@ -80,15 +80,20 @@ def test_volatile_policies_put_budgets_load_and_pins_at_risk_and_allkeys_the_ind
 
 
 def test_a_watch_names_the_problem_once_keys_were_evicted_and_drops_it_when_the_policy_is_fixed(
-    server: RedisServer,
+    server: RedisServer, caplog: pytest.LogCaptureFixture,
 ) -> None:
     r = server.client()
     cap_memory(r, "volatile-lru")
     w = EvictionWatch(server.url, {"budgets", "index"})
     asyncio.run(w.refresh())
     assert w.problem("budgets") == "" and w.status()["may_evict"] == ["budgets"]  # a risk, nothing lost yet
+    assert [rec.levelname for rec in caplog.records] == ["WARNING"]
     evicted = fill_until_evicted(r, ttl=True)
     asyncio.run(w.refresh())
+    fill_until_evicted(r, ttl=True, prefix="more")
+    asyncio.run(w.refresh())  # more evictions: not said again
+    assert [rec.levelname for rec in caplog.records] == ["WARNING", "ERROR"]
+    assert "once full it deletes keys of budgets" in caplog.records[-1].getMessage()
     why = w.problem("budgets")
     seen = re.search(r"has evicted (\d+) keys", why)
     assert "maxmemory-policy volatile-lru" in why and seen and int(seen[1]) >= evicted, why
