@@ -169,8 +169,9 @@ class EvictionWatch:
         e = self.last
         if e is None or not e.may_evict(use) or e.evicted_keys <= 0:
             return ""
+        # No count in the text: it would change at every reading, and every change is logged by those who show it.
         return (f"the Redis at {self.where} deletes keys when full (maxmemory-policy {e.policy}) and has evicted "
-                f"{e.evicted_keys} keys: {LOSS[use]}. {FIX}")
+                f"keys (evicted_keys on /litellm-kv/health): {LOSS[use]}. {FIX}")
 
     def status(self) -> dict[str, Any]:
         e = self.last
