@@ -48,6 +48,12 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         report.add("config.deployments", name, Status.ERROR,
                    "routing: kv but no model_list entry of this model_name has an api_base",
                    "add the group's vLLM replicas to model_list (model_name, litellm_params.api_base)")
+    if any(p.use == "budgets" and p.redis is None for p in plan.settings.stores()):
+        report.add("config.budgets", "budgets", Status.WARN,
+                   "period budgets are kept in the proxy process's memory (no Redis): right for one proxy with one "
+                   "worker; with --num_workers > 1 the proxy refuses them, and several proxies would each grant "
+                   "the whole budget", "configure litellm_kv.redis (or redis_url, budgets.redis) before running "
+                   "several workers or proxies (docs/operations.md, \"Several workers\")")
     if plan.settings.redis_for("index") is not None or plan.settings.mode == "shared" or opts.indexers:
         report.section("redis and indexers")
         await check_redis(plan, report, timeout_s=opts.timeout_s)

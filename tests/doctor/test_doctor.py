@@ -184,3 +184,14 @@ def test_a_redis_that_deletes_budget_counters_is_named(tmp_path: Path) -> None:
         assert "maxmemory-policy volatile-lru" in found["detail"] and "budget counter" in found["detail"]
     finally:
         redis.stop()
+
+
+def test_budgets_kept_in_memory_are_a_warning(tmp_path: Path) -> None:
+    """``config.budgets``: period budgets without a Redis work for one proxy with one worker only."""
+    config = {"model_list": [{"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/q",
+                                                                       "api_base": "http://127.0.0.1:9/v1"}}],
+              "litellm_kv": {"model_groups": {"qwen": {"reasoning": {"style": "vllm"}}}}}
+    code, report, progress = _doctor(config, tmp_path)
+    (found,) = _by(report, "config.budgets")
+    assert code == 0 and found["status"] == "warn" and "--num_workers" in found["detail"], progress
+    assert not _by(report, "redis.eviction")
