@@ -23,7 +23,9 @@ Two backends share the :class:`PeriodBudgets` protocol (one contract suite runs 
   → amount) and ``…:hold_until`` (hold id → expiry) beside it: the ``{...}`` hash tag keeps all
   keys of one scope in one Redis Cluster slot. Every operation is one Lua script (:data:`_SCRIPT`),
   so concurrent proxies never lose an update nor grant the same tokens twice; keys expire a day
-  after their window ends.
+  after their window ends. The scope's epoch (``litellm_kv:budget:{key:ab12}:epoch``) tells a counter the
+  Redis lost (a restart without persistence, an eviction) from one lowered by hand: a lost one is raised
+  back to the usage this proxy last saw before anything is granted from it.
 * :class:`UnsharedPeriodBudgets`: a proxy served by several worker processes without a Redis, where each
   worker's memory would grant the whole budget. Every call raises :class:`BudgetStoreUnfit`, so requests
   that need a period budget are refused (fail closed, whatever ``on_store_error`` says).
@@ -52,6 +54,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -83,6 +86,23 @@ STORE_ERRORS = counter(
 
 #: Counters outlive their window by this much (late charges of long streams still land).
 EXPIRY_GRACE = timedelta(days=1)
+#: A scope's epoch key lives this long after its last use: longer than any counter of the scope (a month and
+#: the grace), so it is there for as long as a counter it vouches for.
+EPOCH_TTL_S = 40 * 86400
+#: At most one warning per this many seconds about counters raised back after the Redis lost them.
+RESTORE_LOG_EVERY_S = 60.0
+
+RESTORED = counter(
+    "budget_usage_restored",
+    "Tokens of period-budget usage raised back into counters the Redis had lost (a restart without persistence, "
+    "keys deleted when full), from the usage this proxy last saw.",
+)
+
+
+def _epoch_key(counter_key: str) -> str:
+    """The epoch key of a counter's scope: the counter key up to its hash tag (same Redis Cluster slot), then
+    ``:epoch``."""
+    return counter_key[: counter_key.index("}", counter_key.index("{")) + 1] + ":epoch"
 
 #: How much longer than the deadline the proxy waits for the budget thread before giving a call up (only
 #: a thread that is stuck, not a slow Redis, takes that long: the deadline ends every call in the thread).
@@ -261,6 +281,7 @@ class _Known:
     used: int = 0
     # hold id -> (amount, expiry as a UNIX time, granted here while the store failed open: unknown to it)
     holds: dict[str, tuple[int, float, bool]] | None = None
+    epoch: str = ""  # the scope's epoch the store last reported with this counter (RedisPeriodBudgets)
 
 
 class LocalView:
@@ -292,6 +313,13 @@ class LocalView:
 
     def saw_usage(self, key: str, used: int) -> None:
         self._known(key).used = used
+
+    def saw_epoch(self, key: str, epoch: str) -> None:
+        self._known(key).epoch = epoch
+
+    def epoch(self, key: str) -> str:
+        known = self.budgets.get(key)
+        return known.epoch if known is not None else ""
 
     def took(self, key: str, hold: str, amount: int, *, here: bool = False) -> None:
         """``hold`` of ``amount`` tokens, granted by the store or (``here``) while it failed open."""
@@ -436,20 +464,48 @@ class MemoryPeriodBudgets:
 
 # One script for every operation, so each is atomic across proxies (redis-py's register_script runs
 # it by SHA and reloads it after a SCRIPT FLUSH). KEYS: usage, holds (id -> amount), hold_until
-# (id -> expiry). ARGV: op, hold id, amount (-1: all that is left), limit, now, hold expiry, key expiry.
-# Returns {granted or new usage, usage before, live holds before} ('charge': {new usage, 0, 0}). All three
-# keys carry the scope's hash tag, so a Redis Cluster runs each call on one node.
+# (id -> expiry), the scope's epoch. ARGV: op, hold id, amount (-1: all that is left), limit, now, hold expiry,
+# key expiry, the epoch the caller last saw for this counter ('' if none), the usage it last saw (its floor),
+# a fresh epoch to set if the scope has none, the epoch key's lifetime in seconds.
+# Returns {granted or new usage, usage before, live holds before, the scope's epoch, usage restored}
+# ('charge': new usage, 0, 0, ...). All four keys carry the scope's hash tag, so a Redis Cluster runs each call
+# on one node.
+#
+# The epoch tells a counter lost from one lowered by hand. A scope's epoch is set once and lives as long as its
+# counters may; when it is missing (the Redis restarted without persistence, or deleted keys when full) or
+# differs from what the caller saw, the scope's keys were lost, and the counter is raised back to the usage the
+# caller last saw (the larger of the two: several proxies restoring do not add up). An operator who lowers or
+# deletes a counter leaves the epoch, and is believed.
 _SCRIPT = """
-local used_key, holds_key, until_key = KEYS[1], KEYS[2], KEYS[3]
+local used_key, holds_key, until_key, epoch_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op, hold, amount, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local hold_until, expire_at = ARGV[6], ARGV[7]
+local seen_epoch, floor = ARGV[8], tonumber(ARGV[9])
+local epoch = redis.call('GET', epoch_key)
+local lost = false
+if not epoch then
+  epoch = ARGV[10]
+  lost = seen_epoch ~= ''
+elseif seen_epoch ~= '' and seen_epoch ~= epoch then
+  lost = true
+end
+redis.call('SET', epoch_key, epoch, 'EX', ARGV[11])
+local restored = 0
+if lost and floor > 0 then
+  local now_used = tonumber(redis.call('GET', used_key) or '0')
+  if now_used < floor then
+    redis.call('SET', used_key, floor)
+    redis.call('EXPIREAT', used_key, expire_at)
+    restored = floor - now_used
+  end
+end
 local expired = redis.call('ZRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5])
 for _, id in ipairs(expired) do redis.call('HDEL', holds_key, id) end
 if #expired > 0 then redis.call('ZREMRANGEBYSCORE', until_key, '-inf', '(' .. ARGV[5]) end
 if op == 'charge' then
   local total = redis.call('INCRBY', used_key, amount)
   redis.call('EXPIREAT', used_key, expire_at)
-  return {total, 0, 0}
+  return {total, 0, 0, epoch, restored}
 end
 if op ~= 'check' then
   redis.call('HDEL', holds_key, hold)
@@ -461,9 +517,9 @@ for _, v in ipairs(redis.call('HVALS', holds_key)) do held = held + tonumber(v) 
 if op == 'settle' then
   local total = redis.call('INCRBY', used_key, amount)
   redis.call('EXPIREAT', used_key, expire_at)
-  return {total, used, held}
+  return {total, used, held, epoch, restored}
 end
-if op ~= 'reserve' then return {0, used, held} end
+if op ~= 'reserve' then return {0, used, held, epoch, restored} end
 local left = math.max(0, limit - used - held)
 local granted = left
 if amount >= 0 then granted = math.max(0, math.min(amount, left)) end
@@ -473,7 +529,7 @@ if granted > 0 then
   redis.call('EXPIREAT', holds_key, expire_at)
   redis.call('EXPIREAT', until_key, expire_at)
 end
-return {granted, used, held}
+return {granted, used, held, epoch, restored}
 """
 
 
@@ -509,6 +565,9 @@ class RedisPeriodBudgets:
         # was sent) and releases that failed: released once it answers again rather than left held until
         # they expire.
         self._unsure: list[tuple[str, str, Period, str, datetime]] = []
+        # Counters raised back since the last warning, and when that was (one line per RESTORE_LOG_EVERY_S).
+        self._restores = 0
+        self._restore_logged = -RESTORE_LOG_EVERY_S
         self._cleanup: set[asyncio.Task[None]] = set()
         # What failing open may still grant: the usage Redis last reported and this process's own holds.
         self.local = LocalView(hold_ttl_s)
@@ -525,7 +584,7 @@ class RedisPeriodBudgets:
             raise BudgetStoreUnfit(why)
 
     def key(self, scope: str, meter: str, period: Period, now: datetime) -> str:
-        """The Redis key of one counter (``{scope}`` is the Redis Cluster hash tag)."""
+        """The Redis key of one counter (``{scope}`` is the Redis Cluster hash tag; its epoch: :func:`_epoch_key`)."""
         return f"{self.prefix}:budget:{{{scope}}}:{meter}:{period.value}:{period.window_id(now)}"
 
     def _failed(self, op: str, exc: Exception) -> None:
@@ -571,15 +630,33 @@ class RedisPeriodBudgets:
     async def _run(
         self, op: str, key: str, period: Period, now: datetime, *, hold: str = "", amount: int = 0, limit: int = 0,
     ) -> tuple[int, int, int]:
-        """``op`` on the budget counter ``key`` (:meth:`key`) of ``period``'s window at ``now``."""
+        """``op`` on the budget counter ``key`` (:meth:`key`) of ``period``'s window at ``now``; a counter the
+        Redis lost is first raised back to the usage this process last saw (see :data:`_SCRIPT`)."""
         expire_at = int((period.window(now)[1] + EXPIRY_GRACE).timestamp())
         ts = now.timestamp()
+        seen_epoch, floor = self.local.epoch(key), self.local.used(key)
         raw = await self._guarded(lambda: self._script(
-            keys=[key, key + ":holds", key + ":hold_until"],
-            args=[op, hold, amount, limit, repr(ts), repr(ts + self.hold_ttl_s), expire_at],
+            keys=[key, key + ":holds", key + ":hold_until", _epoch_key(key)],
+            args=[op, hold, amount, limit, repr(ts), repr(ts + self.hold_ttl_s), expire_at,
+                  seen_epoch, floor, uuid.uuid4().hex, EPOCH_TTL_S],
         ))
-        first, used, held = (int(v) for v in raw)
+        first, used, held = (int(v) for v in raw[:3])
+        epoch = raw[3].decode() if isinstance(raw[3], bytes) else str(raw[3])
+        self.local.saw_epoch(key, epoch)
+        restored = int(raw[4])
+        if restored:
+            self._restored(key, restored)
         return first, used, held
+
+    def _restored(self, key: str, tokens: int) -> None:
+        RESTORED.inc(tokens)
+        now = time.monotonic()
+        self._restores += 1
+        if now - self._restore_logged >= RESTORE_LOG_EVERY_S:
+            log.warning("litellm-kv: budget store: %d counter(s) the Redis had lost (a restart without persistence, "
+                        "or keys deleted when full) raised back to the usage this proxy last saw, the latest %s by "
+                        "%d tokens (docs/operations.md, \"A Redis that evicts keys\")", self._restores, key, tokens)
+            self._restore_logged, self._restores = now, 0
 
     async def check(
         self, scope: str, meter: str, period: Period, limit: int, now: datetime | None = None

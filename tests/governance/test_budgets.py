@@ -17,6 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from litellm_kv.governance.budgets import (
     BudgetState,
@@ -610,3 +611,46 @@ async def test_budget_thread_still_gives_up_on_a_paused_redis_within_the_deadlin
     finally:
         await store.close()
         srv.stop()
+
+
+@pytest.mark.redis
+async def test_counters_a_restarted_redis_lost_are_raised_back_to_what_the_proxies_saw() -> None:
+    """A Redis without persistence restarts empty: each proxy raises the counters it has seen back to the usage it
+    last saw, before granting anything from them (the larger of two proxies' views, not their sum)."""
+    srv = RedisServer(name="redis-budget-restart")
+    a = RedisPeriodBudgets(srv.url, prefix="rs")
+    b = RedisPeriodBudgets(srv.url, prefix="rs")
+    try:
+        await a.charge("key:k", "reasoning_tokens", Period.DAY, 100, now=TF)
+        assert (await b.check("key:k", "reasoning_tokens", Period.DAY, 150, now=TF)).used == 100
+        await a.charge("key:k", "reasoning_tokens", Period.DAY, 20, now=TF)  # b last saw 100, a 120
+        srv.restart()
+        restored = REGISTRY.get_sample_value("litellm_kv_budget_usage_restored_total") or 0.0
+        # b comes first: the counter is raised to what b saw; a's larger view then wins, not the sum.
+        assert (await b.check("key:k", "reasoning_tokens", Period.DAY, 150, now=TF)).used == 100
+        held = await a.reserve("key:k", "reasoning_tokens", Period.DAY, 150, None, "h1", now=TF)
+        assert (held.state.used, held.granted) == (120, 30)
+        assert (REGISTRY.get_sample_value("litellm_kv_budget_usage_restored_total") or 0.0) - restored == 120
+        # A budget neither proxy saw starts from nothing, as before.
+        assert (await a.check("key:other", "reasoning_tokens", Period.DAY, 150, now=TF)).used == 0
+    finally:
+        await a.close()
+        await b.close()
+        srv.stop()
+
+
+@pytest.mark.redis
+async def test_a_counter_lowered_by_hand_is_believed(redis_server: RedisServer) -> None:
+    """An operator who lowers or deletes a counter leaves the scope's epoch: that is a decision, not a loss."""
+    a = RedisPeriodBudgets(redis_server.url, prefix="hand")
+    try:
+        await a.charge("key:h", "reasoning_tokens", Period.DAY, 80, now=TF)
+        assert (await a.check("key:h", "reasoning_tokens", Period.DAY, 100, now=TF)).used == 80
+        redis_server.client().delete(a.key("key:h", "reasoning_tokens", Period.DAY, TF))
+        assert (await a.check("key:h", "reasoning_tokens", Period.DAY, 100, now=TF)).used == 0
+        # Deleting the epoch as well (a flush) reads as a loss: the counter comes back.
+        await a.charge("key:h", "reasoning_tokens", Period.DAY, 30, now=TF)
+        redis_server.client().flushdb()
+        assert (await a.check("key:h", "reasoning_tokens", Period.DAY, 100, now=TF)).used == 30
+    finally:
+        await a.close()

@@ -1,5 +1,6 @@
-"""Period budgets in a Redis that deletes keys when full, through a real ``litellm`` proxy process, a real
-redis-server (its policy set at run time, evictions forced by filling it) and the local fake reasoning upstream.
+"""Period budgets in a Redis that loses them: one that deletes keys when full, and one restarted without
+persistence, through a real ``litellm`` proxy process, a real redis-server (its policy set at run time,
+evictions forced by filling it; restarted by its PID) and the local fake reasoning upstream.
 
 Budget counters carry a TTL, so every eviction policy but ``noeviction`` may delete them, and a deleted counter
 is a budget spent again. The proxy reads the Redis's policy and eviction count (``INFO``) every
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.proxy, pytest.mark.redis]
 KEYS: dict[str, dict[str, Any]] = {
     "sk-daily": {"key_alias": "daily", "metadata": {"litellm_kv": {"reasoning": {"tokens_per_day": 10**6}}}},
     "sk-capped": {"key_alias": "capped", "metadata": {"litellm_kv": {"reasoning": {"max_budget": 20}}}},
+    "sk-small": {"key_alias": "small", "metadata": {"litellm_kv": {"reasoning": {"tokens_per_day": 25}}}},
 }
 CHECK_S = 0.5
 
@@ -117,3 +119,21 @@ def test_budgets_in_a_redis_that_evicted_keys_are_refused_until_its_policy_is_fi
     r.config_set("maxmemory-policy", "noeviction")
     _wait_eviction(proxy, lambda s: s["problems"] == {} and s["may_evict"] == [], "the fixed policy")
     assert _chat(proxy, "sk-daily").status_code == 200
+
+
+def test_a_spent_budget_stays_spent_when_the_redis_restarts_empty(stack: tuple[Proxy, RedisServer, str]) -> None:
+    """The limit ``reasoning.tokens_per_day``: the Redis (no persistence, like the compose file's) restarts and
+    loses every counter. The proxy saw the key's usage, so its counter is raised back before anything is granted
+    from it: the key stays refused instead of spending its budget again."""
+    proxy, redis, _ = stack
+    codes = [_chat(proxy, "sk-small").status_code for _ in range(4)]  # 10 + 10 + 5 reasoning tokens, then spent
+    assert codes == [200, 200, 200, 429], codes
+    [counter] = [k for k in redis.client().scan_iter("litellm_kv:budget:*:day:*") if b":hold" not in k]
+    assert int(redis.client().get(counter) or 0) == 25
+    restored = proxy.metric_by("litellm_kv_budget_usage_restored_total", "").get("", 0.0)
+    redis.restart()
+    assert redis.client().get(counter) is None  # the restart lost it
+    after = _chat(proxy, "sk-small")
+    assert after.status_code == 429, after.text
+    assert int(redis.client().get(counter) or 0) == 25
+    assert proxy.metric_by("litellm_kv_budget_usage_restored_total", "").get("", 0.0) - restored == 25
