@@ -11,7 +11,7 @@ from litellm_kv.config import REDIS_SOURCES, RedisSettings
 from litellm_kv.doctor.deployment import DeploymentPlan
 from litellm_kv.doctor.report import Report, Status
 from litellm_kv.index.redis import RedisIndex
-from litellm_kv.redis_eviction import FIX, EvictionWatch
+from litellm_kv.redis_eviction import FIX, watch
 
 FIX_INDEXER = ("run `litellm-kv indexer --config indexer.yaml` with this replica's api_base under the group "
                "(docs/indexer.md); at least two for availability")
@@ -100,12 +100,10 @@ async def check_eviction(plan: DeploymentPlan, report: Report) -> None:
     """Each Redis a store of the config keeps its state in: whether it may delete that state when full (a
     warning) and whether it has (an error: the proxy then refuses the budgets kept there, and routes a shared
     index there by load)."""
-    watches: dict[str, EvictionWatch] = {}
-    for place in plan.settings.stores():
-        if place.redis is not None:
-            w = watches.setdefault(_describe(place.redis), EvictionWatch(place.redis))
-            w.uses.add(place.use)
-    for where, w in watches.items():
+    # One watch per Redis, however many stores use it, as the proxy keeps them.
+    watches = {id(w): w for w in (watch(p.redis, p.use) for p in plan.settings.stores() if p.redis is not None)}
+    for w in watches.values():
+        where = _describe(w.target) if isinstance(w.target, RedisSettings) else w.where
         e = await w.refresh()
         if e is None:
             report.add("redis.eviction", where, Status.WARN, f"INFO could not be read: {w.error}",
