@@ -187,12 +187,13 @@ class LiteLLMKV(CustomLogger):
         # Before any handler: a client-sent decision, route or header record under our names is never read.
         litellm_data.drop_client_entries(data)
         caller = litellm_data.caller_from_auth(user_api_key_dict)
+        call = str(getattr(call_type, "value", call_type))  # a CallTypes member or its string
         try:
             # An upstream the client chose (only where the operator allows client-side credentials) is no way past them.
             upstreams = litellm_data.client_upstreams(data)
             self.group_names.check_client_upstreams(upstreams)
             # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
-            model_group = self.group_names.resolve(litellm_data.model_group(data), caller.team_id, bool(upstreams))
+            model_group = self._governed_as(data, call, caller.team_id, bool(upstreams))
         except PolicyViolation as exc:
             raise self._refusal(exc, caller, litellm_data.model_group(data)) from None
         group = self.settings.group(model_group)
@@ -203,7 +204,7 @@ class LiteLLMKV(CustomLogger):
             data=data,
             caller=caller,
             model_group=model_group,
-            call_type=str(getattr(call_type, "value", call_type)),  # a CallTypes member or its string
+            call_type=call,
             settings=self.settings,
             group=group,
             record_key=record_key,
@@ -235,6 +236,15 @@ class LiteLLMKV(CustomLogger):
         if record_key and any(h.fails_closed for h in acting):
             self.records.put(record_key, GOVERNED_RECORD, model_group)
         return data
+
+    def _governed_as(self, data: dict, call_type: str, team_id: str | None, own_upstream: bool) -> str:
+        """The group a call is governed as. A batch may run on the model its input file was uploaded for
+        rather than the one its body names (:func:`litellm_data.batch_models`): of the groups it may reach,
+        one with limits is the one governed, so a batch bound for governed engines is refused when it is
+        created, not line by line at the deployments."""
+        names = litellm_data.batch_models(data) if call_type == "acreate_batch" else []
+        groups = [self.group_names.resolve(n, team_id, own_upstream) for n in names or [litellm_data.model_group(data)]]
+        return next((g for g in groups if g in self.group_names.governed), groups[0])
 
     def _abandon(self, handlers: list[Handler], record_key: str | None) -> None:
         """The call ``record_key`` is over without a result: each handler gives back what it reserved."""

@@ -123,6 +123,25 @@ def model_group(data: Mapping[str, Any]) -> str:
     return str(data.get("model") or "")
 
 
+def batch_models(data: Mapping[str, Any]) -> list[str]:
+    """Every model name whose deployments a ``POST /v1/batches`` body may run on: its ``model`` field and the
+    models its input file carries in its id, which LiteLLM 1.110.2 prefers to the body's field. A file kept by
+    LiteLLM (``/v1/files`` with ``target_model_names``) has an id that decodes to
+    ``litellm_proxy:...;target_model_names,<names>;...``; a file created through a model's own files API
+    has one that decodes to ``litellm:<id>;model,<name>``. Read with LiteLLM's own decoders, so a
+    form LiteLLM adds later is read as LiteLLM reads it; an id they cannot read adds nothing."""
+    names = [model_group(data)]
+    file_id = data.get("input_file_id")
+    if isinstance(file_id, str) and file_id:
+        from litellm.proxy.openai_files_endpoints import common_utils
+
+        names.append(common_utils.decode_model_from_file_id(file_id) or "")
+        unified = common_utils.is_base64_encoded_unified_file_id(file_id)
+        if unified:
+            names.extend(common_utils.get_models_from_unified_file_id(unified))
+    return list(dict.fromkeys(n for n in names if n))
+
+
 # -- what the router makes of a name ----------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class DeploymentTarget:

@@ -4,14 +4,15 @@ LiteLLM runs the lines of a batch it executes itself (``/v1/batches`` over a Lit
 ``Router.acompletion`` and its pass-through routes through ``Router.allm_passthrough_route``: neither calls the
 pre-call hook, where the reasoning and vision limits are applied, but both call the deployment hook. The hooks are
 called here as LiteLLM calls them, with the metadata LiteLLM's own code builds for those calls
-(``LiteLLMProxyRequestSetup.get_sanitized_user_information_from_key``, as its batch runner does). Executed batches
-need LiteLLM's managed files (its database and enterprise hooks), which do not run here; the pass-through shape is the
-one a real proxy hands the deployment hook (``litellm_metadata``, call type ``allm_passthrough_route``).
+(``LiteLLMProxyRequestSetup.get_sanitized_user_information_from_key``, as its batch runner does); the pass-through
+shape is the one a real proxy hands the deployment hook (``litellm_metadata``, call type ``allm_passthrough_route``).
+Executed batches run end to end, on LiteLLM's database with its managed files, in ``test_litellm_batches.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
@@ -160,3 +161,45 @@ def test_the_deployment_s_own_group_counts_when_shared_metadata_names_another(mo
     other = _batch_line("other")
     other["model_info"] = {"id": "dep-other"}
     assert asyncio.run(cb.async_pre_call_deployment_hook(other, "acompletion")) is other
+
+
+def _managed_file_id(*models: str) -> str:
+    # The id LiteLLM gives a file it keeps (/v1/files with target_model_names), as its files endpoint builds it.
+    from litellm.types.utils import SpecialEnums
+
+    unified = (f"{SpecialEnums.LITELM_MANAGED_FILE_ID_PREFIX.value}application/jsonl;unified_id,3f1c;"
+               f"target_model_names,{','.join(models)};llm_output_file_id,file-9;llm_output_file_model_id,None")
+    return base64.urlsafe_b64encode(unified.encode()).decode().rstrip("=")
+
+
+def test_the_models_a_batch_may_run_on_are_read_from_its_body_and_its_file() -> None:
+    from litellm.proxy.openai_files_endpoints.common_utils import encode_file_id_with_model
+
+    assert litellm_data.batch_models({"input_file_id": _managed_file_id("qwen")}) == ["qwen"]
+    assert litellm_data.batch_models({"model": "open", "input_file_id": _managed_file_id("qwen", "b")}) == \
+        ["open", "qwen", "b"]
+    assert litellm_data.batch_models({"input_file_id": encode_file_id_with_model("file-abc", "qwen-vl")}) == \
+        ["qwen-vl"]
+    assert litellm_data.batch_models({"model": "open", "input_file_id": "file-abc"}) == ["open"]
+    assert litellm_data.batch_models({"input_file_id": "%%%not base64"}) == []
+    assert litellm_data.batch_models({"input_file_id": 7}) == []
+
+
+@pytest.mark.parametrize(("body", "limit"), [
+    ({"input_file_id": _managed_file_id("qwen")}, "reasoning.endpoint"),
+    ({"model": "open", "input_file_id": _managed_file_id("qwen-vl")}, "vision.endpoint"),
+], ids=["model-from-the-file", "body-names-another"])
+def test_a_batch_whose_file_is_for_a_governed_group_is_refused_when_created(body: dict[str, Any], limit: str) -> None:
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {**body, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {}}
+    with pytest.raises(ProxyException) as refused:
+        asyncio.run(cb.async_pre_call_hook(auth, None, data, "acreate_batch"))
+    assert refused.value.param == limit and "/v1/batches" in refused.value.message
+
+
+def test_a_batch_for_a_group_without_limits_goes_on() -> None:
+    cb = _callback()
+    auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
+    data = {"input_file_id": _managed_file_id("open"), "endpoint": "/v1/chat/completions", "metadata": {}}
+    assert asyncio.run(cb.async_pre_call_hook(auth, None, data, "acreate_batch")) is data
