@@ -3,7 +3,8 @@
 The decision is :class:`litellm_kv.routing.group.KVGroup`'s; these hooks turn LiteLLM's request into its
 plain values and apply its result. Hook by hook:
 
-* ``pre_call``: tenant cache isolation (inject a keyed ``cache_salt``).
+* ``pre_call``: tenant cache isolation (inject a keyed ``cache_salt``) and client media uuids dropped; a call
+  that skipped it (a batch line LiteLLM runs itself) gets the same in ``filter_deployments``/``pre_deployment``.
 * ``filter_deployments``: the group decides (exact tokens → block hashes → one index lookup → cost) and
   the chosen replica's deployment is returned. Any internal failure → load-only choice and a metric; the
   request never fails because of us.
@@ -19,6 +20,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -32,6 +34,7 @@ from litellm_kv.index.base import KVIndex
 from litellm_kv.integration.hooks import Handler, ProxyRequest
 from litellm_kv.integration.litellm_data import (
     call_key,
+    caller_from_request_metadata,
     carries_output,
     deployment_model_groups,
     dig,
@@ -74,6 +77,15 @@ ACTUAL_TOKENS = counter(
     "actual_cached_tokens", "Sum of engine-reported cached prompt tokens (usage.prompt_tokens_details).",
     ["model_group"],
 )
+ISOLATED_LATE = counter(
+    "isolated_at_deployment",
+    "Calls to a KV-routed group that reached its deployments without passing the pre-call hook (lines of a batch "
+    "LiteLLM runs itself, fallbacks from other groups), given their tenant's cache_salt and stripped of client media "
+    "uuids there.",
+    ["model_group"],
+)
+#: The call record of what pre_call isolated: the salt it gave the call ("" without tenant isolation).
+ISOLATED_RECORD = "isolated"
 PROMPT_TOKENS = counter("routed_prompt_tokens", "Sum of prompt tokens of KV-routed requests.", ["model_group"])
 PREDICTION_ERROR = histogram(
     "prediction_error_tokens",
@@ -115,11 +127,15 @@ def _has_media(messages: Sequence[Mapping[str, Any]]) -> bool:
 class KVRoutingHandler(Handler):
     name = "kv"
 
-    def __init__(self, settings: Settings, deployments: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def __init__(self, settings: Settings, deployments: Callable[[], list[dict[str, Any]]] | None = None,
+                 *, proxy: bool = True) -> None:
         """``deployments``: the LiteLLM router's model list as it is now (default: the proxy's router; an
-        application's own ``litellm.Router`` in :mod:`litellm_kv.integration.sdk`)."""
+        application's own ``litellm.Router`` in :mod:`litellm_kv.integration.sdk`). ``proxy``: calls come from
+        clients through the proxy's pre-call hook, so one that skipped it is isolated later; an application's own
+        router has no such hook and no clients to keep apart."""
         super().__init__(settings)
         self._deployments = deployments or _router_deployments
+        self._proxy = proxy
         self.options: dict[str, KVRoutingSettings] = {}
         for name, g in settings.model_groups.items():
             if g.routing == "kv":
@@ -187,18 +203,47 @@ class KVRoutingHandler(Handler):
         opts = self.options.get(req.model_group)
         if opts is None:
             return
-        # The engines are vLLM: a client's media uuid would name what vLLM cached for another client's image
-        # (blocks, processed pixels, encoder output; the cache salt does not cover the latter two). With a
-        # vision section, the proxy sets its own identifiers afterwards.
-        drop_part_uuids(req.data)
-        if opts.tenant_isolation == "none":
-            return
         c = req.caller
-        tenant = (f"team:{c.team_id}" if opts.tenant_isolation == "team" and c.team_id
-                  else f"key:{c.key_hash or c.key_alias or 'anonymous'}")
-        client_salt = req.data.get("cache_salt")
+        salt = self._isolate(opts, req.data, c.team_id, c.key_hash or c.key_alias, req.data.get("cache_salt"))
+        if req.record_key:
+            self.records.put(req.record_key, ISOLATED_RECORD, salt or "")
+
+    def _isolate(self, opts: KVRoutingSettings, data: dict[str, Any], team_id: str | None, key: str | None,
+                 client_salt: Any) -> str | None:
+        """Take out of a call to a KV-routed group's engines what it must not carry from the client; returns the
+        salt it was given (``None`` without tenant isolation).
+
+        * The engines are vLLM: a client's media ``uuid`` would name what vLLM cached for another client's image
+          (blocks, processed pixels, encoder output; the cache salt does not cover the latter two). With a vision
+          section, the proxy sets its own identifiers afterwards.
+        * With ``tenant_isolation``, ``cache_salt`` is keyed by the tenant, the client's salt folded in. A call
+          whose caller is not known gets a salt of its own, shared with no other call."""
+        drop_part_uuids(data)
+        if opts.tenant_isolation == "none":
+            return None
+        tenant = (f"team:{team_id}" if opts.tenant_isolation == "team" and team_id
+                  else f"key:{key}" if key else f"call:{secrets.token_hex(16)}")
         material = tenant if not client_salt else f"{tenant}\x00{client_salt}"
-        req.data["cache_salt"] = hmac.new(self._secret(), material.encode(), hashlib.sha256).hexdigest()[:48]
+        salt = data["cache_salt"] = hmac.new(self._secret(), material.encode(), hashlib.sha256).hexdigest()[:48]
+        return salt
+
+    def _isolate_unchecked(self, group: str | None, kwargs: dict[str, Any]) -> bool:
+        """Isolate a call on its way to a KV-routed group's engines that the pre-call hook did not isolate (a line
+        of a batch LiteLLM runs itself, a fallback from a group without KV routing), from the verified caller
+        LiteLLM wrote into its metadata; True when it was one. The client's own salt is not folded in here, so
+        the routing decision and the engine see one salt however often this runs for the call. A call the hook
+        isolated keeps its salt (found by the proxy's own token of the call, which a client cannot copy)."""
+        opts = self.options.get(group) if group else None
+        if opts is None or not self._proxy:
+            return False
+        done = self.records.get(call_key(kwargs), ISOLATED_RECORD)
+        if done is not None:
+            if done:
+                kwargs["cache_salt"] = done
+            return False
+        caller = caller_from_request_metadata(request_metadata(kwargs))
+        self._isolate(opts, kwargs, caller.team_id, caller.key_hash or caller.key_alias, None)
+        return True
 
     # -- replica choice ----------------------------------------------------------------------------
     async def filter_deployments(
@@ -212,6 +257,7 @@ class KVRoutingHandler(Handler):
         if g is None or not deployments:
             return None
         t0, cpu0 = time.perf_counter(), time.thread_time()
+        self._isolate_unchecked(model_group, request_kwargs)  # hashed with the salt the engine will get
         # Membership comes from the router's full model list: a deployment missing from the healthy list
         # is only cooling down, and purging its replica would throw away a cache that is still there.
         if not {str((d.get("model_info") or {}).get("id")) for d in deployments} <= g.deployment_ids:
@@ -280,7 +326,10 @@ class KVRoutingHandler(Handler):
 
     # -- per-deployment fields -------------------------------------------------------------------
     async def pre_deployment(self, kwargs: dict[str, Any]) -> None:
-        opts = next((self.options[g] for g in deployment_model_groups(kwargs) if g in self.options), None)
+        group = next((g for g in deployment_model_groups(kwargs) if g in self.options), None)
+        if self._isolate_unchecked(group, kwargs):
+            ISOLATED_LATE.labels(group).inc()
+        opts = self.options.get(group) if group else None
         if opts is None or not opts.report_mode_full:
             return
         xargs = dict(kwargs.get("vllm_xargs") or {})

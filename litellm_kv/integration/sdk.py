@@ -43,7 +43,7 @@ class KVRouting:
     def __init__(self, router: Any, settings: Settings) -> None:
         self.router = router
         self.settings = settings
-        self.handler = KVRoutingHandler(settings, deployments=self._model_list)
+        self.handler = KVRoutingHandler(settings, deployments=self._model_list, proxy=False)
         self.callback = LiteLLMKV(settings, handlers=[self.handler])
 
     def _model_list(self) -> list[dict[str, Any]]:

@@ -8,9 +8,13 @@ id when the batch body names none. This needs LiteLLM's managed files, which its
 turn on (``enterprise.enterprise_hooks``) and its pip package does not: the proxy gets that one table from
 ``tests/support/managed_files``; the hook itself is LiteLLM's own (``litellm_enterprise``).
 
+The lines of a batch on a KV-routed group with tenant isolation get their key's ``cache_salt`` where the router
+hands them to the deployment, since the pre-call hook that salts chat calls never sees them.
+
 Real parts: PostgreSQL, LiteLLM with prisma-client-py (``tools/litellm_db``), LiteLLM's batch runner and
-managed files. The upstreams are the local fake (``tests/support/fake_upstream.py``), which answers 404 on
-``/v1/files`` as vLLM does, so LiteLLM runs the batches itself.
+managed files, and two real vLLM CPU replicas for the KV-routed group (the session's ``engines``). The governed
+groups' upstreams are the local fake (``tests/support/fake_upstream.py``), which answers 404 on ``/v1/files`` as
+vLLM does, so LiteLLM runs the batches itself: what is tested there is that nothing reaches them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pytest
 
 from tests.support.fake_upstream import start_fake_upstream
 from tools.harness.database import PostgresServer, db_env, start_db_proxy, unavailable
+from tools.harness.engines import EngineReplica, reset_prefix_caches
 from tools.harness.proxy import MASTER_KEY, ROOT, Proxy
 
 pytestmark = [pytest.mark.litellm_db, pytest.mark.proxy,
@@ -35,10 +40,12 @@ pytestmark = [pytest.mark.litellm_db, pytest.mark.proxy,
 ADMIN = {"Authorization": f"Bearer {MASTER_KEY}"}
 MANAGED_FILES = ROOT / "tests" / "support" / "managed_files"
 LINES = 3
+ISOLATED = "iso"
 
 
 @pytest.fixture(scope="module")
-def stack(litellm_postgres: PostgresServer) -> Iterator[dict[str, Any]]:
+def stack(litellm_postgres: PostgresServer, engines: list[EngineReplica],
+          engine_model: Any) -> Iterator[dict[str, Any]]:
     thinker, thinker_url = start_fake_upstream("batch-think", "--reasoning-words", "20")
     seer, seer_url = start_fake_upstream("batch-see")
     plain, plain_url = start_fake_upstream("batch-plain")
@@ -54,22 +61,28 @@ def stack(litellm_postgres: PostgresServer) -> Iterator[dict[str, Any]]:
                                                            "api_base": thinker_url + "/v1"}},
             {"model_name": "plain", "litellm_params": {"model": "hosted_vllm/fake-model",
                                                        "api_base": plain_url + "/v1"}},
+            *({"model_name": ISOLATED, "litellm_params": {"model": "hosted_vllm/tiny", "api_base": r.api_base,
+                                                          "api_key": "none"}, "model_info": {"id": f"iso-{i}"}}
+              for i, r in enumerate(engines)),
         ],
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
         "litellm_kv": {"model_groups": {
             "think": {"reasoning": {"style": "vllm", "max_budget": 50}},
             "see": {"vision": {"family": "qwen2_5_vl"}},
+            ISOLATED: {"routing": "kv", "kv": {"tokenizer_path": str(engine_model), "tenant_isolation": "key"}},
         }},
     }
     proxy = None
     try:
         path = os.pathsep.join([db_env()["PYTHONPATH"], str(MANAGED_FILES)])
-        proxy = start_db_proxy(config, db, name="litellm-batches", env={"PYTHONPATH": path}, timeout=480)
+        proxy = start_db_proxy(config, db, name="litellm-batches", timeout=480,
+                               env={"PYTHONPATH": path, "LITELLM_KV_SALT_SECRET": uuid.uuid4().hex * 2})
+        proxy.wait_kv_exact(ISOLATED)
         r = httpx.post(proxy.url + "/key/generate", headers=ADMIN, timeout=60, json={
             "key_alias": f"batches-{uuid.uuid4().hex[:6]}",
             "metadata": {"litellm_kv": {"reasoning": {"max_budget": 10, "tokens_per_day": 100}}}})
         assert r.status_code == 200, r.text
-        yield {"proxy": proxy, "key": r.json()["key"],
+        yield {"proxy": proxy, "key": r.json()["key"], "engines": engines,
                "upstreams": {"think": thinker_url, "see": seer_url, "plain": plain_url}}
     finally:
         if proxy is not None:
@@ -79,14 +92,16 @@ def stack(litellm_postgres: PostgresServer) -> Iterator[dict[str, Any]]:
             fake.stop()
 
 
-def upload(proxy: Proxy, key: str, model: str) -> str:
-    """A batch input file kept by LiteLLM for ``model``; returns its id."""
-    lines = "".join(json.dumps({
+def upload(proxy: Proxy, key: str, model: str, messages: list[dict[str, Any]] | None = None, lines: int = LINES) -> str:
+    """A batch input file kept by LiteLLM for ``model`` (``lines`` lines, each with ``messages`` or a question of its
+    own); returns its id."""
+    text = "".join(json.dumps({
         "custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": model, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 20},
-    }) + "\n" for i in range(LINES))
+        "body": {"model": model, "messages": messages or [{"role": "user", "content": f"question {i}"}],
+                 "max_tokens": 20},
+    }) + "\n" for i in range(lines))
     r = httpx.post(proxy.url + "/v1/files", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                   files={"file": ("input.jsonl", lines.encode(), "application/jsonl")},
+                   files={"file": ("input.jsonl", text.encode(), "application/jsonl")},
                    data={"purpose": "batch", "target_model_names": model})
     assert r.status_code == 200, r.text
     return str(r.json()["id"])
@@ -153,3 +168,54 @@ def test_a_body_naming_another_model_does_not_hide_the_file_s_model(stack: dict[
     assert r.json()["error"]["param"] == "reasoning.endpoint", r.text
     time.sleep(1.0)
     assert served(ups["think"]) == before
+
+
+def new_key(proxy: Proxy) -> str:
+    r = httpx.post(proxy.url + "/key/generate", headers=ADMIN, timeout=60,
+                   json={"key_alias": f"iso-{uuid.uuid4().hex[:6]}"})
+    assert r.status_code == 200, r.text
+    return str(r.json()["key"])
+
+
+def line_bodies(proxy: Proxy, key: str, batch: dict[str, Any]) -> list[dict[str, Any]]:
+    assert batch["status"] == "completed" and batch["request_counts"]["failed"] == 0, batch
+    r = httpx.get(proxy.url + f"/v1/files/{batch['output_file_id']}/content",
+                  headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return [json.loads(line)["response"]["body"] for line in r.text.splitlines() if line.strip()]
+
+
+def cached(body: dict[str, Any]) -> int:
+    return int((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def run_batch(proxy: Proxy, key: str, messages: list[dict[str, Any]], lines: int) -> list[dict[str, Any]]:
+    r = create(proxy, key, upload(proxy, key, ISOLATED, messages, lines), model=None)
+    assert r.status_code == 200, r.text
+    return line_bodies(proxy, key, finished(proxy, key, r.json()["id"]))
+
+
+def test_batch_lines_on_an_isolated_group_share_the_cache_of_their_key_only(stack: dict[str, Any]) -> None:
+    """A batch line carries its key's cache_salt: it reuses what the same key's chat calls cached, and a batch of
+    another key reuses none of it. Before, batch lines went to the engines unsalted: another key's batch hit the
+    first key's batch blocks, and a key's batch missed its own chat's blocks."""
+    proxy: Proxy = stack["proxy"]
+    reset_prefix_caches(stack["engines"])
+    alice, bob = new_key(proxy), new_key(proxy)
+    messages = [{"role": "system", "content": f"private system prompt {uuid.uuid4().hex} " * 60},
+                {"role": "user", "content": "the same question"}]
+    checks = proxy.metric_by("litellm_kv_prediction_checks_total", "outcome", model_group=ISOLATED)
+    chat = httpx.post(proxy.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {alice}"}, timeout=60,
+                      json={"model": ISOLATED, "messages": messages, "max_tokens": 8})
+    assert chat.status_code == 200, chat.text
+    own = run_batch(proxy, alice, messages, lines=1)
+    other = run_batch(proxy, bob, messages, lines=1)
+    print(f"\ncached tokens: alice's batch {cached(own[0])}, bob's batch {cached(other[0])}")
+    assert cached(own[0]) > 0, "a key's batch line reuses the blocks of the same key's chat call"
+    assert cached(other[0]) == 0, "another key's batch line must not hit them"
+    # Routed with the salt the engine got: every prediction exact.
+    after = proxy.metric_by("litellm_kv_prediction_checks_total", "outcome", model_group=ISOLATED)
+    assert after.get("exact", 0) - checks.get("exact", 0) == 3, after
+    assert sum(after.values()) - sum(checks.values()) == 3, after
+    late = proxy.metric_by("litellm_kv_isolated_at_deployment_total", "model_group", model_group=ISOLATED)
+    assert late.get(ISOLATED, 0) == 2, late

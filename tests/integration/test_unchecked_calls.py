@@ -203,3 +203,92 @@ def test_a_batch_for_a_group_without_limits_goes_on() -> None:
     auth = UserAPIKeyAuth(api_key="sk-client", key_alias="client", metadata={})
     data = {"input_file_id": _managed_file_id("open"), "endpoint": "/v1/chat/completions", "metadata": {}}
     assert asyncio.run(cb.async_pre_call_hook(auth, None, data, "acreate_batch")) is data
+
+
+# -- tenant cache isolation for calls that skipped the pre-call hook ------------------------------------------
+ISOLATED = parse_section(Settings, {"model_groups": {
+    "shared-kv": {"routing": "kv", "kv": {"tenant_isolation": "key"}},
+    "team-kv": {"routing": "kv", "kv": {"tenant_isolation": "team"}},
+}, "freeze_startup_heap": False}, "litellm_kv")
+
+
+def _kv_callback(monkeypatch: pytest.MonkeyPatch, *, proxy: bool = True) -> tuple[LiteLLMKV, KVRoutingHandler]:
+    monkeypatch.setenv("LITELLM_KV_SALT_SECRET", "a-test-secret-" + "x" * 32)
+    handler = KVRoutingHandler(ISOLATED, deployments=list, proxy=proxy)
+    return LiteLLMKV(settings=ISOLATED, handlers=[handler]), handler
+
+
+def _kv_line(group: str, api_key: str, team_id: str | None = None, **body: Any) -> dict[str, Any]:
+    # One line of a batch LiteLLM runs itself, as the router hands it to the deployment hook: the line's body and the
+    # metadata the batch runner writes from the verified key.
+    auth = UserAPIKeyAuth(api_key=api_key, key_alias="client", metadata={}, team_id=team_id)
+    md = {**LiteLLMProxyRequestSetup.get_sanitized_user_information_from_key(auth), "model_group": group,
+          "batch_id": "batch-1"}
+    return {"model": "hosted_vllm/m", "api_base": "http://engine:8000/v1", "litellm_call_id": f"line-{api_key}",
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "describe it"},
+                {"type": "image_url", "image_url": {"url": "https://img.example/a.png"}, "uuid": "someone-elses"}]}],
+            "metadata": md, **body}
+
+
+def _chat_salt(cb: LiteLLMKV, group: str, api_key: str, team_id: str | None = None) -> str:
+    auth = UserAPIKeyAuth(api_key=api_key, key_alias="client", metadata={}, team_id=team_id)
+    data = {"model": group, "litellm_call_id": f"chat-{api_key}", "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    return str(data["cache_salt"])
+
+
+def test_a_batch_line_gets_its_tenant_s_salt_and_loses_client_media_uuids(monkeypatch: pytest.MonkeyPatch) -> None:
+    cb, _ = _kv_callback(monkeypatch)
+    line = _kv_line("shared-kv", "sk-alice", cache_salt="chosen-by-the-client")
+    asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+    # The same salt as the key's chat calls (their cache is the key's), never the client's or another key's.
+    assert line["cache_salt"] == _chat_salt(cb, "shared-kv", "sk-alice")
+    assert line["cache_salt"] != _chat_salt(cb, "shared-kv", "sk-bob")
+    assert all("uuid" not in part for part in line["messages"][0]["content"])
+    other = _kv_line("shared-kv", "sk-bob")
+    asyncio.run(cb.async_pre_call_deployment_hook(other, "acompletion"))
+    assert other["cache_salt"] != line["cache_salt"]
+    # By team where the group says so.
+    team_line = _kv_line("team-kv", "sk-carol", team_id="t1")
+    asyncio.run(cb.async_pre_call_deployment_hook(team_line, "acompletion"))
+    assert team_line["cache_salt"] == _chat_salt(cb, "team-kv", "sk-dave", team_id="t1")
+
+
+def test_a_line_is_salted_alike_at_the_routing_decision_and_at_the_deployment(monkeypatch: pytest.MonkeyPatch) -> None:
+    cb, handler = _kv_callback(monkeypatch)
+    line = _kv_line("shared-kv", "sk-alice")
+    assert handler._isolate_unchecked("shared-kv", line)  # as filter_deployments does before deciding
+    decided = line["cache_salt"]
+    asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+    assert line["cache_salt"] == decided
+
+
+def test_a_call_that_passed_the_hook_keeps_its_salt(monkeypatch: pytest.MonkeyPatch) -> None:
+    cb, _ = _kv_callback(monkeypatch)
+    auth = UserAPIKeyAuth(api_key="sk-alice", key_alias="client", metadata={})
+    data = {"model": "shared-kv", "litellm_call_id": "chat-1", "cache_salt": "mine",
+            "messages": [{"role": "user", "content": "hi"}], "metadata": {}}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "acompletion"))
+    salted = data["cache_salt"]
+    assert salted not in ("mine", _chat_salt(cb, "shared-kv", "sk-alice"))  # the client's salt folded in
+    data["metadata"]["model_group"] = "shared-kv"
+    asyncio.run(cb.async_pre_call_deployment_hook(data, "acompletion"))
+    assert data["cache_salt"] == salted
+
+
+def test_a_copied_call_token_does_not_skip_the_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
+    cb, _ = _kv_callback(monkeypatch)
+    line = _kv_line("shared-kv", "sk-mallory", cache_salt="raw")
+    line["metadata"][litellm_data.CALL_TOKEN_KEY] = "guessed"
+    asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+    assert line["cache_salt"] == _chat_salt(cb, "shared-kv", "sk-mallory")
+
+
+def test_an_application_s_own_router_keeps_its_calls_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    cb, _ = _kv_callback(monkeypatch, proxy=False)
+    line = _kv_line("shared-kv", "sk-alice", cache_salt="the-application-s")
+    asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
+    assert line["cache_salt"] == "the-application-s"
+    assert line["messages"][0]["content"][1]["uuid"] == "someone-elses"
