@@ -244,7 +244,7 @@ class LiteLLMKV(CustomLogger):
         created, not line by line at the deployments."""
         names = litellm_data.batch_models(data) if call_type == "acreate_batch" else []
         groups = [self.group_names.resolve(n, team_id, own_upstream) for n in names or [litellm_data.model_group(data)]]
-        return next((g for g in groups if g in self.group_names.governed), groups[0])
+        return next((g for g in groups if g in self.group_names.limited), groups[0])
 
     def _abandon(self, handlers: list[Handler], record_key: str | None) -> None:
         """The call ``record_key`` is over without a result: each handler gives back what it reserved."""
@@ -343,15 +343,17 @@ class LiteLLMKV(CustomLogger):
         through the router without it), or a fallback to another group that the client asked for (the router calls
         the fallback's deployment within the same call, after the hook applied the first group's limits; the
         operator's router fallbacks go on). Calls LiteLLM makes itself (health checks) name no group."""
-        if not any(h.fails_closed for h in self.handlers) or not self.group_names.governed:
+        if not any(h.fails_closed for h in self.handlers) or not self.group_names.limited:
             return  # no limits configured, or no governance here (an application's own Router)
         key = litellm_data.call_key(kwargs)
         applied = self.records.get(key, GOVERNED_RECORD) if key is not None else None
         caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
         try:
             names = [litellm_data.deployment_group(kwargs), *litellm_data.deployment_model_groups(kwargs)]
+            # A KV-routed group's tenant isolation is given to such a call where it is routed (routing_hooks).
             groups = sorted({g for name in names if name
-                             for g in self.group_names.groups_reached(name, caller.team_id)})
+                             for g in self.group_names.groups_reached(name, caller.team_id)
+                             if g in self.group_names.limited})
             # A fallback the operator configured goes on: the operator's choice, as the limits are.
             fallback = applied is not None and bool(groups) and applied not in groups
             operator_fallbacks = litellm_data.configured_fallbacks(str(applied)) if fallback else set()

@@ -105,6 +105,8 @@ def unmetered_endpoint(call_type: str) -> str | None:
 
 #: The config sections whose limits a client must not escape by naming the same deployments differently.
 GOVERNED_SECTIONS = ("reasoning", "vision")
+#: A KV-routed group's ``kv.tenant_isolation``, which a name or route that skips its pre-call salt would escape too.
+ISOLATION = "cache isolation"
 
 
 def _server(api_base: str) -> str:
@@ -144,10 +146,17 @@ class GroupNames:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        #: Each group with limits, and which sections it has them in.
+        #: Each group with limits, and which sections it has them in (``ISOLATION`` for tenant cache isolation).
         self.governed: dict[str, list[str]] = {}
+        #: The groups with reasoning or vision limits, which only calls that passed the pre-call hook may reach.
+        self.limited: set[str] = set()
         for name, group in settings.model_groups.items():
             sections = [s for s in GOVERNED_SECTIONS if getattr(group, s)]
+            if sections:
+                self.limited.add(name)
+            kv = group.kv if isinstance(group.kv, dict) else {}
+            if group.routing == "kv" and kv.get("tenant_isolation", "none") not in ("none", None):
+                sections.append(ISOLATION)
             if sections:
                 self.governed[name] = sections
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
@@ -257,7 +266,7 @@ class GroupNames:
 
     def _named(self, groups: list[str]) -> tuple[str, str]:
         """``groups`` quoted for a message, and the sections they have limits in (``"reasoning and vision"``)."""
-        sections = sorted({s for g in groups for s in self.governed[g]}, key=GOVERNED_SECTIONS.index)
+        sections = sorted({s for g in groups for s in self.governed[g]}, key=(*GOVERNED_SECTIONS, ISOLATION).index)
         return ", ".join(f"'{g}'" for g in groups), " and ".join(sections)
 
     def _unconfigured(self, requested: str, groups: list[str]) -> PolicyViolation:

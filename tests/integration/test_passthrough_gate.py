@@ -38,7 +38,9 @@ THINK = {"messages": [{"role": "user", "content": "think hard"}], "chat_template
 def stack() -> Iterator[dict[str, Any]]:
     governed, governed_url = start_fake_upstream("governed", "--reasoning-words", "20", "--report-reasoning-tokens")
     other, other_url = start_fake_upstream("other", "--reasoning-words", "20")
+    isolated, isolated_url = start_fake_upstream("isolated")
     on_governed = {"model": "hosted_vllm/fake-model", "api_base": governed_url + "/v1"}
+    on_isolated = {"model": "hosted_vllm/fake-model", "api_base": isolated_url + "/v1"}
     config = {
         "model_list": [
             {"model_name": "qwen", "litellm_params": on_governed},
@@ -47,6 +49,8 @@ def stack() -> Iterator[dict[str, Any]]:
             {"model_name": "second-name", "litellm_params": on_governed},  # not configured at all
             {"model_name": "other", "litellm_params": {"model": "hosted_vllm/fake-model",
                                                        "api_base": other_url + "/v1"}},
+            {"model_name": "iso", "litellm_params": on_isolated},  # KV-routed, tenants' caches apart
+            {"model_name": "iso-second", "litellm_params": on_isolated},  # not configured at all
         ],
         "router_settings": {"model_group_alias": {"qwen-latest": "qwen"}},
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
@@ -54,6 +58,7 @@ def stack() -> Iterator[dict[str, Any]]:
             "qwen": {"reasoning": {"style": "vllm", "max_budget": 50}},
             "qwen-vl": {"vision": {"family": "qwen2_5_vl", "max_visual_tokens_per_request": 1000}},
             "open": {},
+            "iso": {"routing": "kv", "kv": {"tenant_isolation": "key"}},
         }},
         "general_settings": {"pass_through_endpoints": [
             {"path": "/engine-direct", "target": governed_url + "/v1/chat/completions"},
@@ -62,11 +67,13 @@ def stack() -> Iterator[dict[str, Any]]:
     }
     # /vllm/ without a router model goes to VLLM_API_BASE: here the governed engine.
     proxy = start_proxy(config, name="litellm-passthrough", keys=KEYS,
-                        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "VLLM_API_BASE": governed_url})
+                        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "VLLM_API_BASE": governed_url,
+                             "LITELLM_KV_SALT_SECRET": "passthrough-test-secret-" + "s" * 24})
     try:
-        yield {"proxy": proxy, "governed": governed_url, "other": other_url}
+        yield {"proxy": proxy, "governed": governed_url, "other": other_url, "isolated": isolated_url}
     finally:
         proxy.stop()
+        isolated.stop()
         governed.stop()
         other.stop()
 
@@ -125,7 +132,7 @@ def test_a_pass_through_route_never_reaches_a_governed_engine(stack: dict[str, A
     assert "pass-through route" in error["message"] and "/v1/chat/completions" in error["message"]
     assert (_received(stack["governed"]), _received(stack["other"])) == before  # nothing reached either engine
     refused = proxy.metric_by("litellm_kv_passthrough_refused_total", "model_group")
-    assert set(refused) <= {"qwen", "qwen-vl"} and sum(refused.values()) >= 1
+    assert set(refused) <= {"qwen", "qwen-vl", "iso"} and sum(refused.values()) >= 1
 
 
 def test_pass_through_routes_to_other_engines_still_work(stack: dict[str, Any]) -> None:
@@ -151,7 +158,7 @@ def test_litellm_s_own_health_checks_still_reach_governed_engines(stack: dict[st
     assert r.status_code == 200, r.text
     health = r.json()
     assert health["unhealthy_endpoints"] == [], health["unhealthy_endpoints"]
-    assert len(health["healthy_endpoints"]) == 5
+    assert len(health["healthy_endpoints"]) == 7
 
 
 def test_the_chat_route_under_the_openai_prefix_applies_the_limits(stack: dict[str, Any]) -> None:
@@ -211,3 +218,24 @@ def test_a_realtime_session_on_a_governed_group_is_refused(stack: dict[str, Any]
     errors = [e for e in events[:-1] if isinstance(e, dict) and e.get("type") == "error"]
     assert errors and limit in errors[0]["error"]["message"] and "_arealtime" in errors[0]["error"]["message"], events
     assert _received(stack["governed"]) == before
+
+
+def test_tenant_cache_isolation_is_not_skipped_by_a_pass_through_route_or_another_name(stack: dict[str, Any]) -> None:
+    """A KV-routed group with ``tenant_isolation`` gets each tenant's ``cache_salt`` in the pre-call hook. A
+    pass-through route or a second name over its engines would reach them unsalted, sharing one cache across
+    tenants: both are refused as for groups with limits, and the group's own name is served salted."""
+    proxy, isolated = stack["proxy"], stack["isolated"]
+    before = _received(isolated)
+    r = _post(proxy, "/vllm/v1/chat/completions", json={"model": "iso", "messages": THINK["messages"]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "governance.passthrough", r.text
+    r = _post(proxy, "/v1/chat/completions", json={"model": "iso-second", "messages": THINK["messages"]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "governance.model_name" and "cache isolation" in error["message"], error
+    assert _received(isolated) == before  # neither reached the engine
+    r = _post(proxy, "/v1/chat/completions",
+              json={"model": "iso", "messages": THINK["messages"], "cache_salt": "chosen-by-the-client"})
+    assert r.status_code == 200, r.text
+    salt = _last_body(isolated).get("cache_salt")
+    assert isinstance(salt, str) and len(salt) == 48 and salt != "chosen-by-the-client", salt

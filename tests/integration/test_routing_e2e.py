@@ -62,7 +62,9 @@ def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, An
                 **({"tenant_isolation": "team"} if g == TENANT else {}),
                 **(extra_kv or {})}}
             for g in groups if g != DEFAULT
-        }},
+        # LiteLLM's own routing over the same engines, configured without limits (unconfigured, it would be
+        # refused as a second name over the tenant-isolated group's engines).
+        } | ({DEFAULT: {}} if DEFAULT in groups else {})},
     }
 
 
