@@ -84,6 +84,8 @@ ISOLATED_LATE = counter(
     "uuids there.",
     ["model_group"],
 )
+#: The call types of /v1/responses, whose upstream body LiteLLM builds from the Responses fields it knows.
+RESPONSES_CALL_TYPES = frozenset({"aresponses", "responses"})
 #: The call record of what pre_call isolated: the salt it gave the call ("" without tenant isolation).
 ISOLATED_RECORD = "isolated"
 PROMPT_TOKENS = counter("routed_prompt_tokens", "Sum of prompt tokens of KV-routed requests.", ["model_group"])
@@ -204,7 +206,15 @@ class KVRoutingHandler(Handler):
         if opts is None:
             return
         c = req.caller
-        salt = self._isolate(opts, req.data, c.team_id, c.key_hash or c.key_alias, req.data.get("cache_salt"))
+        extra = req.data.get("extra_body")
+        extra = dict(extra) if isinstance(extra, Mapping) else {}
+        responses = req.call_type in RESPONSES_CALL_TYPES
+        client_salt = req.data.get("cache_salt") or (extra.get("cache_salt") if responses else None)
+        salt = self._isolate(opts, req.data, c.team_id, c.key_hash or c.key_alias, client_salt)
+        if salt and responses:
+            # LiteLLM sends a Responses call to vLLM's own /v1/responses with the fields it knows, and cache_salt
+            # is not one of them: the salt rides in extra_body, which it sends as written.
+            req.data["extra_body"] = {**extra, "cache_salt": salt}
         if req.record_key:
             self.records.put(req.record_key, ISOLATED_RECORD, salt or "")
 

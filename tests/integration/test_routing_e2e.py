@@ -418,6 +418,27 @@ def test_tenant_cache_isolation(proxy: Proxy) -> None:
     assert after.get(key, 0) - checks_before.get(key, 0) == 4, after
 
 
+def test_tenant_cache_isolation_holds_on_the_responses_endpoint(proxy: Proxy) -> None:
+    """``/v1/responses`` reaches vLLM's own Responses endpoint, and LiteLLM sends only the Responses fields it knows:
+    the team's cache_salt rides in ``extra_body``. Before, those calls reached the engines unsalted, and team b's
+    first call hit team a's blocks."""
+    text = f"isolated responses prompt {time.time_ns()} " * 60
+
+    def respond(key: str) -> int:
+        r = httpx.post(f"{proxy.url}/v1/responses", timeout=120, headers={"Authorization": f"Bearer {key}"},
+                       json={"model": TENANT, "input": text, "max_output_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return int((r.json()["usage"].get("input_tokens_details") or {}).get("cached_tokens") or 0)
+
+    # These calls carry no messages, so they are routed by load: four of team a's land on both replicas or twice on
+    # one, so a later one hits and, before, team b's first call found team a's unsalted blocks wherever it went.
+    a = [respond("sk-team-a") for _ in range(4)]
+    b1 = respond("sk-team-b")
+    print(f"\ncached tokens on /v1/responses: team a {a}; team b {b1}")
+    assert max(a[1:]) > 0, "a team's own calls share its cache"
+    assert b1 == 0, "team b must not hit team a's blocks"
+
+
 def test_new_empty_replica_receives_traffic(engines: list[EngineReplica], engine_model: Any) -> None:
     """A replica that is down when the proxy starts is skipped (no failed attempts), then gets traffic
     once it comes up empty (anti-starvation / least-loaded for new prefixes)."""
