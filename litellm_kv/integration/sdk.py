@@ -29,8 +29,10 @@ from typing import Any
 
 import litellm
 
-from litellm_kv.config import Settings, parse_section
+from litellm_kv.config import Settings, parse_section, tenant_isolated_groups
+from litellm_kv.errors import ConfigError
 from litellm_kv.integration.callback import LiteLLMKV
+from litellm_kv.integration.governance import GOVERNED_SECTIONS
 from litellm_kv.integration.routing_hooks import KVRoutingHandler
 
 log = logging.getLogger("litellm_kv")
@@ -85,12 +87,28 @@ class KVRouting:
         await self.handler.shutdown()
 
 
+def proxy_only_settings(settings: Settings) -> list[str]:
+    """The settings that only the proxy applies (reasoning and vision limits, tenant cache isolation), by their path
+    in the ``litellm_kv`` section."""
+    found = [f"model_groups.{name}.{section}" for name, group in settings.model_groups.items()
+             for section in GOVERNED_SECTIONS if getattr(group, section)]
+    return found + [f"model_groups.{name}.kv.tenant_isolation" for name in tenant_isolated_groups(settings)]
+
+
 async def enable_kv_routing(router: Any, kv_settings: Mapping[str, Any] | Settings) -> KVRouting:
     """KV-aware replica choice for ``router``'s groups marked ``routing: kv`` in ``kv_settings`` (the
     ``litellm_kv`` section of a proxy config, as a dict). Only the routing handler runs: governance needs the
-    proxy's keys. Returns once the groups' replicas were contacted (see :meth:`KVRouting.wait_exact`)."""
+    proxy's keys, so settings only the proxy applies (:func:`proxy_only_settings`) raise :class:`ConfigError`
+    rather than be silently ignored. Returns once the groups' replicas were contacted (see
+    :meth:`KVRouting.wait_exact`)."""
     settings = kv_settings if isinstance(kv_settings, Settings) else parse_section(Settings, dict(kv_settings),
                                                                                  "litellm_kv")
+    unenforced = proxy_only_settings(settings)
+    if unenforced:
+        raise ConfigError(
+            f"{', '.join(unenforced)}: an application's own litellm.Router has no virtual keys or clients to tell "
+            "apart, so these would not be applied; remove them from the settings given here, or send the requests "
+            "through the proxy, which applies them.")
     routing = KVRouting(router, settings)
     await routing.start()
     return routing

@@ -22,6 +22,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network here
 
 import litellm
 
+from litellm_kv.errors import ConfigError
+from litellm_kv.integration.callback import LiteLLMKV
 from litellm_kv.integration.sdk import enable_kv_routing
 
 pytestmark = [pytest.mark.engine]
@@ -120,3 +122,17 @@ async def test_an_applications_router_follows_the_cache(engines: list[EngineRepl
     finally:
         await kv.close()
     assert kv.callback not in litellm.callbacks
+
+
+@pytest.mark.parametrize(("group", "named"), [
+    ({"reasoning": {"style": "vllm", "max_budget": 50}}, "model_groups.g.reasoning"),
+    ({"vision": {"family": "qwen2_5_vl"}}, "model_groups.g.vision"),
+    ({"routing": "kv", "kv": {"tenant_isolation": "team"}}, "model_groups.g.kv.tenant_isolation"),
+])
+async def test_settings_only_the_proxy_applies_are_refused_not_ignored(group: dict[str, Any], named: str) -> None:
+    router = litellm.Router(model_list=[{"model_name": "g", "litellm_params": {
+        "model": "hosted_vllm/tiny", "api_base": "http://127.0.0.1:9/v1", "api_key": "none"}}])
+    with pytest.raises(ConfigError) as refused:
+        await enable_kv_routing(router, {"model_groups": {"g": group}})
+    assert named in str(refused.value) and "through the proxy" in str(refused.value)
+    assert not any(isinstance(cb, LiteLLMKV) for cb in litellm.callbacks)
