@@ -136,12 +136,13 @@ def content_parts(messages: object) -> Iterator[Mapping[str, Any]]:
 
 
 def drop_part_uuids(data: Mapping[str, Any]) -> int:
-    """Remove ``uuid`` from every content part of ``messages`` (:func:`content_parts`), whatever the part's
+    """Remove ``uuid`` from every content part of ``messages`` and of a Responses ``input`` list (its message
+    items have the same shape; vLLM turns them into chat messages) (:func:`content_parts`), whatever the part's
     type; the number removed. vLLM keys an item's cached blocks, processed pixels and encoder output by a
     part's ``uuid``: a client's could name another client's image. (The vision count, when the group has
     one, refuses malformed media itself.)"""
     removed = 0
-    for part in content_parts(data.get("messages")):
+    for part in [*content_parts(data.get("messages")), *content_parts(data.get("input"))]:
         if isinstance(part, dict) and "uuid" in part:
             del part["uuid"]
             removed += 1

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import hmac
 import logging
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -226,13 +225,13 @@ class KVRoutingHandler(Handler):
         * The engines are vLLM: a client's media ``uuid`` would name what vLLM cached for another client's image
           (blocks, processed pixels, encoder output; the cache salt does not cover the latter two). With a vision
           section, the proxy sets its own identifiers afterwards.
-        * With ``tenant_isolation``, ``cache_salt`` is keyed by the tenant, the client's salt folded in. A call
-          whose caller is not known gets a salt of its own, shared with no other call."""
+        * With ``tenant_isolation``, ``cache_salt`` is keyed by the tenant, the client's salt folded in (callers
+          without a key are one tenant, ``anonymous``)."""
         drop_part_uuids(data)
         if opts.tenant_isolation == "none":
             return None
         tenant = (f"team:{team_id}" if opts.tenant_isolation == "team" and team_id
-                  else f"key:{key}" if key else f"call:{secrets.token_hex(16)}")
+                  else f"key:{key or 'anonymous'}")
         material = tenant if not client_salt else f"{tenant}\x00{client_salt}"
         salt = data["cache_salt"] = hmac.new(self._secret(), material.encode(), hashlib.sha256).hexdigest()[:48]
         return salt

@@ -292,3 +292,24 @@ def test_an_application_s_own_router_keeps_its_calls_as_they_are(monkeypatch: py
     asyncio.run(cb.async_pre_call_deployment_hook(line, "acompletion"))
     assert line["cache_salt"] == "the-application-s"
     assert line["messages"][0]["content"][1]["uuid"] == "someone-elses"
+
+
+def test_a_responses_call_carries_the_salt_in_extra_body_and_loses_client_uuids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM sends a Responses call to vLLM's /v1/responses with the Responses fields it knows: the salt goes where
+    it is sent as written, with the client's own folded in, and the input's parts lose their uuids as messages do."""
+    cb, _ = _kv_callback(monkeypatch)
+    auth = UserAPIKeyAuth(api_key="sk-alice", key_alias="client", metadata={})
+    data = {"model": "shared-kv", "litellm_call_id": "resp-1", "metadata": {},
+            "extra_body": {"cache_salt": "chosen-by-the-client", "top_k": 5},
+            "input": [{"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "describe it"},
+                {"type": "input_image", "image_url": "https://img.example/a.png", "uuid": "someone-elses"}]}]}
+    asyncio.run(cb.async_pre_call_hook(auth, None, data, "aresponses"))
+    salt = data["extra_body"]["cache_salt"]
+    assert len(salt) == 48 and salt not in ("chosen-by-the-client", _chat_salt(cb, "shared-kv", "sk-alice"))
+    assert data["extra_body"]["top_k"] == 5
+    assert "uuid" not in data["input"][0]["content"][1]
+    plain = {"model": "shared-kv", "litellm_call_id": "resp-2", "metadata": {}, "input": "hello"}
+    asyncio.run(cb.async_pre_call_hook(auth, None, plain, "aresponses"))
+    assert plain["extra_body"] == {"cache_salt": _chat_salt(cb, "shared-kv", "sk-alice")}
