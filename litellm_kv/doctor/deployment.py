@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from litellm_kv.config import Settings, load_settings, parse_section
+from litellm_kv.config import Settings, load_settings, parse_section, tenant_isolated_groups
 from litellm_kv.errors import ConfigError
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.options import KVRoutingSettings
@@ -47,6 +47,8 @@ class DeploymentPlan:
     settings: Settings
     groups: list[KVGroupPlan]
     unrouted: list[str]  # KV-routed groups with no deployment that has an api_base
+    model_list: list[dict[str, Any]] = field(default_factory=list)  # every entry, litellm_params resolved
+    aliases: dict[str, str] = field(default_factory=dict)  # router_settings.model_group_alias
 
 
 def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
@@ -60,6 +62,12 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
     models = raw.get("model_list") or [] if isinstance(raw, dict) else []
     if not isinstance(models, list):
         raise ConfigError(f"{p}: model_list is not a list")
+    entries = [{"model_name": str(e.get("model_name") or ""),
+                "litellm_params": {k: _resolved(v) for k, v in dict(e.get("litellm_params") or {}).items()}}
+               for e in models if isinstance(e, dict)]
+    router = raw.get("router_settings") if isinstance(raw, dict) else None
+    aliases = (router or {}).get("model_group_alias") if isinstance(router, dict) else None
+    aliases = {str(k): str(v if not isinstance(v, dict) else v.get("model")) for k, v in (aliases or {}).items()}
     groups: list[KVGroupPlan] = []
     unrouted: list[str] = []
     for name, g in settings.model_groups.items():
@@ -80,7 +88,45 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
             groups.append(plan)
         else:
             unrouted.append(name)
-    return DeploymentPlan(p, settings, groups, unrouted)
+    return DeploymentPlan(p, settings, groups, unrouted, entries, aliases)
+
+
+def names_over_guarded_engines(plan: DeploymentPlan) -> dict[str, dict[str, list[str]]]:
+    """The ``model_list`` names without a ``litellm_kv.model_groups`` entry (and not an alias of a configured
+    group) that share a vLLM server (scheme, host, port of ``api_base``) with a group that has reasoning or
+    vision limits or ``kv.tenant_isolation``: the proxy refuses their requests (``governance.model_name``), since
+    what that group guards would not follow them. Name → {guarded group: its guarded sections}. Only vLLM
+    deployments with an ``api_base`` are compared; the proxy also matches other providers by their model."""
+    isolated = set(tenant_isolated_groups(plan.settings))
+    guarded: dict[str, list[str]] = {}
+    for name, g in plan.settings.model_groups.items():
+        sections = [s for s in ("reasoning", "vision") if getattr(g, s)] + (["tenant isolation"] if name in isolated
+                                                                            else [])
+        if sections:
+            guarded[name] = sections
+
+    def vllm_server(entry: dict[str, Any]) -> str | None:
+        params = entry["litellm_params"]
+        if not str(params.get("model") or "").startswith("hosted_vllm/") or not params.get("api_base"):
+            return None
+        try:
+            return replica_id(str(params["api_base"]))
+        except ValueError:
+            return None
+
+    servers: dict[str, set[str]] = {}
+    for entry in plan.model_list:
+        server = vllm_server(entry)
+        if server is not None and entry["model_name"] in guarded:
+            servers.setdefault(server, set()).add(entry["model_name"])
+    found: dict[str, dict[str, list[str]]] = {}
+    for entry in plan.model_list:
+        name, server = entry["model_name"], vllm_server(entry)
+        if server is None or name in plan.settings.model_groups or plan.aliases.get(name) in plan.settings.model_groups:
+            continue
+        for group in sorted(servers.get(server, ())):
+            found.setdefault(name, {})[group] = guarded[group]
+    return found
 
 
 def served_model(deployment: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from litellm_kv.doctor.deployment import DeploymentPlan, read_deployment
+from litellm_kv.doctor.deployment import DeploymentPlan, names_over_guarded_engines, read_deployment
 from litellm_kv.doctor.engines import GroupCheck
 from litellm_kv.doctor.report import Report, Status
 from litellm_kv.doctor.shared import check_eviction, check_indexers, check_redis
@@ -48,6 +48,14 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         report.add("config.deployments", name, Status.ERROR,
                    "routing: kv but no model_list entry of this model_name has an api_base",
                    "add the group's vLLM replicas to model_list (model_name, litellm_params.api_base)")
+    for name, guarded in names_over_guarded_engines(plan).items():
+        named = "; ".join(f"'{g}' ({' and '.join(sections)})" for g, sections in guarded.items())
+        report.add("config.names", name, Status.ERROR,
+                   f"model_name '{name}' is served by the same vLLM server as {named}, but has no "
+                   "litellm_kv.model_groups entry: the proxy refuses its requests (governance.model_name), since "
+                   "those settings would not follow it",
+                   f"give '{name}' an entry under litellm_kv.model_groups ({{}} for none), make it a "
+                   "router_settings.model_group_alias of the group, or remove it (docs/security/alias.md)")
     if any(p.use == "budgets" and p.redis is None for p in plan.settings.stores()):
         report.add("config.budgets", "budgets", Status.WARN,
                    "period budgets are kept in the proxy process's memory (no Redis): right for one proxy with one "

@@ -195,3 +195,25 @@ def test_budgets_kept_in_memory_are_a_warning(tmp_path: Path) -> None:
     (found,) = _by(report, "config.budgets")
     assert code == 0 and found["status"] == "warn" and "--num_workers" in found["detail"], progress
     assert not _by(report, "redis.eviction")
+
+
+def test_a_name_the_proxy_would_refuse_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config.names``: a second model_name over the vLLM server of a group with limits or tenant isolation, with
+    no entry of its own, is refused by the proxy at request time; the doctor says so before traffic arrives."""
+    def vllm(name: str, port: int) -> dict[str, Any]:
+        return {"model_name": name, "litellm_params": {"model": "hosted_vllm/q", "api_base": f"http://127.0.0.1:{port}/v1"}}
+
+    config = {
+        "model_list": [vllm("think", 9), vllm("think-too", 9), vllm("iso", 10), vllm("iso-plain", 10),
+                       vllm("iso-configured", 10), vllm("iso-alias-name", 10), vllm("elsewhere", 11)],
+        "router_settings": {"model_group_alias": {"iso-alias-name": "iso"}},
+        "litellm_kv": {"model_groups": {"think": {"reasoning": {"style": "vllm"}}, "iso-configured": {},
+                                        "iso": {"routing": "kv", "kv": {"tenant_isolation": "team"}}}},
+    }
+    monkeypatch.setenv("LITELLM_KV_SALT_SECRET", "doctor-test-secret-" + "d" * 24)  # the subprocess inherits it
+    code, report, progress = _doctor(config, tmp_path, "--timeout", "2")
+    found = {f["target"]: f for f in _by(report, "config.names")}
+    assert set(found) == {"think-too", "iso-plain"}, progress
+    assert "'think' (reasoning)" in found["think-too"]["detail"] and found["think-too"]["status"] == "error"
+    assert "'iso' (tenant isolation)" in found["iso-plain"]["detail"]
+    assert code != 0
