@@ -381,7 +381,7 @@ class BudgetSettings:
         "measures Redis and the network, not how busy the proxy is: a burst of requests does not make a "
         "healthy Redis miss it. Time that thread was not scheduled (no CPU, or another thread holding the "
         "interpreter lock) does not count either, up to four deadlines of wall time in all.",
-        default=50.0,
+        default=150.0,
     )
     breaker_failures: int = doc(
         "Consecutive budget-store failures (errors or missed deadlines) that open the circuit breaker: "
