@@ -532,6 +532,23 @@ def tenant_isolated_groups(settings: Settings) -> list[str]:
     )
 
 
+#: What a group may guard that a client must not get around by another name, route or endpoint: its reasoning and
+#: vision limits, and its tenant cache isolation (``kv.tenant_isolation``).
+GUARDED_SECTIONS = ("reasoning", "vision", "tenant_isolation")
+
+
+def guarded_sections(settings: Settings) -> dict[str, list[str]]:
+    """Each group that guards something, and what (a subset of :data:`GUARDED_SECTIONS`, in that order)."""
+    isolated = set(tenant_isolated_groups(settings))
+    found: dict[str, list[str]] = {}
+    for name, g in settings.model_groups.items():
+        sections = [s for s in ("reasoning", "vision") if getattr(g, s)] + (["tenant_isolation"] if name in isolated
+                                                                            else [])
+        if sections:
+            found[name] = sections
+    return found
+
+
 def salt_secret(settings: Settings) -> bytes:
     """The secret of the per-tenant ``cache_salt`` HMAC, from the variable ``salt_secret_env`` names.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from litellm_kv.config import Settings, load_settings, parse_section, tenant_isolated_groups
+from litellm_kv.config import Settings, guarded_sections, load_settings, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.routing.fleet import replica_id
 from litellm_kv.routing.options import KVRoutingSettings
@@ -97,13 +97,8 @@ def names_over_guarded_engines(plan: DeploymentPlan) -> dict[str, dict[str, list
     vision limits or ``kv.tenant_isolation``: the proxy refuses their requests (``governance.model_name``), since
     what that group guards would not follow them. Name → {guarded group: its guarded sections}. Only vLLM
     deployments with an ``api_base`` are compared; the proxy also matches other providers by their model."""
-    isolated = set(tenant_isolated_groups(plan.settings))
-    guarded: dict[str, list[str]] = {}
-    for name, g in plan.settings.model_groups.items():
-        sections = [s for s in ("reasoning", "vision") if getattr(g, s)] + (["tenant isolation"] if name in isolated
-                                                                            else [])
-        if sections:
-            guarded[name] = sections
+    guarded = {name: [s.replace("_", " ") for s in sections]
+               for name, sections in guarded_sections(plan.settings).items()}
 
     def vllm_server(entry: dict[str, Any]) -> str | None:
         params = entry["litellm_params"]

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from litellm_kv.config import ModelGroupSettings, Settings, parse_section, tenant_isolated_groups
+from litellm_kv.config import ModelGroupSettings, Settings, guarded_sections, parse_section
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.governance.budgets import (
     BudgetStoreError,
@@ -150,15 +150,10 @@ class GroupNames:
         self.governed: dict[str, list[str]] = {}
         #: The groups with reasoning or vision limits, which only calls that passed the pre-call hook may reach.
         self.limited: set[str] = set()
-        isolated = set(tenant_isolated_groups(settings))
-        for name, group in settings.model_groups.items():
-            sections = [s for s in GOVERNED_SECTIONS if getattr(group, s)]
-            if sections:
+        for name, sections in guarded_sections(settings).items():
+            self.governed[name] = [ISOLATION if s == "tenant_isolation" else s for s in sections]
+            if set(sections) & set(GOVERNED_SECTIONS):
                 self.limited.add(name)
-            if name in isolated:
-                sections.append(ISOLATION)
-            if sections:
-                self.governed[name] = sections
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
 
     def resolve(self, requested: str, team_id: str | None = None, own_upstream: bool = False) -> str:

@@ -29,10 +29,9 @@ from typing import Any
 
 import litellm
 
-from litellm_kv.config import Settings, parse_section, tenant_isolated_groups
+from litellm_kv.config import Settings, guarded_sections, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.integration.callback import LiteLLMKV
-from litellm_kv.integration.governance import GOVERNED_SECTIONS
 from litellm_kv.integration.routing_hooks import KVRoutingHandler
 
 log = logging.getLogger("litellm_kv")
@@ -90,9 +89,8 @@ class KVRouting:
 def proxy_only_settings(settings: Settings) -> list[str]:
     """The settings that only the proxy applies (reasoning and vision limits, tenant cache isolation), by their path
     in the ``litellm_kv`` section."""
-    found = [f"model_groups.{name}.{section}" for name, group in settings.model_groups.items()
-             for section in GOVERNED_SECTIONS if getattr(group, section)]
-    return found + [f"model_groups.{name}.kv.tenant_isolation" for name in tenant_isolated_groups(settings)]
+    return [f"model_groups.{name}.{'kv.' if section == 'tenant_isolation' else ''}{section}"
+            for name, sections in guarded_sections(settings).items() for section in sections]
 
 
 async def enable_kv_routing(router: Any, kv_settings: Mapping[str, Any] | Settings) -> KVRouting:
