@@ -21,6 +21,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "retire": (),
     "tasks": (),
     "observability": (),
+    "addresses": (),
     "config": ("errors",),
     "redis_client": ("observability",),
     "redis_eviction": ("observability", "redis_client"),
@@ -30,8 +31,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "governance": ("vllm", *BASE),
     "services": ("routing", "vllm", "index", *BASE),
     "simulator": ("routing", "vllm", "index", *BASE),
-    "doctor": ("routing", "governance", "vllm", "index", *BASE),
-    "integration": ("routing", "governance", "vllm", "index", *BASE),
+    "doctor": ("routing", "governance", "vllm", "index", "addresses", *BASE),
+    "integration": ("routing", "governance", "vllm", "index", "addresses", *BASE),
     "cli": ("services", "simulator", "doctor", *BASE),
     # Compatibility paths of the public API (thin re-exports).
     "hashing": ("vllm",),

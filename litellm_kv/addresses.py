@@ -1,0 +1,207 @@
+"""Which server a URL reaches, however its host is written.
+
+One server answers under many spellings of its address: ``localhost``, ``LOCALHOST``, ``localhost.``,
+``127.0.0.1``, ``127.1``, ``2130706433``, ``0x7f.0.0.1``, ``[::ffff:127.0.0.1]``, ``0.0.0.0``, the machine's
+own interface addresses, and any DNS name that resolves to one of them. Comparing URLs as written lets a
+client reach a governed engine under a spelling nobody listed; comparing :class:`Server` values does not.
+
+* :func:`server` reads a URL without any I/O: host names lower-cased and without their trailing dot, every
+  IPv4 form the C library accepts, IPv4-mapped IPv6, and every address of this machine (loopback, the
+  unspecified address, which connects to this machine, and each address a socket can bind here) as
+  :data:`THIS_HOST`.
+* :class:`Resolver` also follows DNS names to their addresses, within a deadline, cached, with a bound on
+  lookups in flight. A name that cannot be resolved in time raises :class:`UnresolvedHost`: a caller that
+  guards a limit refuses rather than guesses.
+
+What no spelling can show: a server reached through another proxy, a DNS answer that changes between this
+check and the connection (rebinding), or an address DNS does not give for the host (a pod's own address
+behind a Service's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+#: The host of every address of this machine: a server bound to all addresses answers on each of them.
+THIS_HOST = "this-host"
+
+_IPV4_FORM = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Where a connection goes: ``host`` is an address's text, :data:`THIS_HOST`, or a DNS name (lower case,
+    no trailing dot; ``named``); ``port`` is the URL's, or its scheme's default."""
+
+    host: str
+    port: int
+    named: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """``host`` as an address when it is one in any form a connection accepts, IPv4-mapped IPv6 as IPv4."""
+    try:
+        ip: IPAddress = ipaddress.ip_address(host)
+    except ValueError:
+        if not _IPV4_FORM.fullmatch(host):
+            return None
+        try:  # 127.1, 2130706433, 0x7f.0.0.1: what inet_aton (and so getaddrinfo) reads as IPv4
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+@functools.lru_cache(maxsize=1024)
+def is_this_host(ip: IPAddress) -> bool:
+    """Whether a connection to ``ip`` reaches this machine: loopback, unspecified, or an address a socket can
+    bind here (one of its interfaces')."""
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
+
+
+def _canonical(ip: IPAddress, port: int) -> Server:
+    return Server(THIS_HOST if is_this_host(ip) else ip.compressed, port)
+
+
+def server(url: str) -> Server | None:
+    """The server ``url`` connects to, without looking anything up (a DNS name stays a name, ``localhost``
+    is this machine); ``None`` when the URL has no host or a port that is no number."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        return None
+    if port is None:
+        port = 443 if parts.scheme.lower() in ("https", "wss") else 80
+    if host == "localhost" or host.endswith(".localhost"):  # RFC 6761: always this machine's loopback
+        return Server(THIS_HOST, port)
+    ip = literal_address(host.split("%", 1)[0] if ":" in host else host)
+    if ip is not None:
+        return _canonical(ip, port)
+    return Server(host, port, named=True)
+
+
+class UnresolvedHost(Exception):
+    """A DNS name could not be resolved within the deadline (or the resolver failed), so which server it
+    reaches is unknown."""
+
+
+class Resolver:
+    """:func:`server`, with DNS names followed to every address they resolve to.
+
+    Answers are kept ``ttl_s`` (a failure ``failure_ttl_s``) for at most ``max_entries`` names. Lookups run
+    on ``max_lookups`` threads of the resolver's own, one per name at a time; while every thread is busy
+    (a lookup given up after ``timeout_s`` keeps its thread until the system's resolver returns) a new name
+    is unresolved at once rather than queued, so hostile names cannot hold the proxy's threads or stall it.
+    """
+
+    def __init__(self, *, timeout_s: float = 1.0, ttl_s: float = 30.0, failure_ttl_s: float = 5.0,
+                 max_entries: int = 4096, max_lookups: int = 4) -> None:
+        self.timeout_s = timeout_s
+        self.ttl_s = ttl_s
+        self.failure_ttl_s = failure_ttl_s
+        self.max_entries = max_entries
+        self.max_lookups = max_lookups
+        self._answers: dict[str, tuple[float, frozenset[str] | str]] = {}
+        self._inflight: dict[str, asyncio.Future[frozenset[str]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._busy = 0  # lookups whose thread has not returned yet, given up or not
+        self._lock = threading.Lock()
+
+    async def servers(self, url: str) -> frozenset[Server]:
+        """Every server ``url`` may connect to: its :func:`server`, and for a DNS name each address the name
+        resolves to (as :func:`server` writes addresses). Empty when the URL names no server. Raises
+        :class:`UnresolvedHost`."""
+        first = server(url)
+        if first is None:
+            return frozenset()
+        if not first.named:
+            return frozenset({first})
+        addresses = await self._addresses(first.host)
+        found = {first}
+        for text in addresses:
+            ip = literal_address(text)
+            if ip is not None:
+                found.add(_canonical(ip, first.port))
+        return frozenset(found)
+
+    async def _addresses(self, host: str) -> frozenset[str]:
+        kept = self._answers.get(host)
+        if kept is not None and kept[0] > time.monotonic():
+            if isinstance(kept[1], str):
+                raise UnresolvedHost(kept[1])
+            return kept[1]
+        pending = self._inflight.get(host)
+        if pending is None:
+            pending = asyncio.ensure_future(self._look_up(host))
+            self._inflight[host] = pending
+            pending.add_done_callback(functools.partial(self._finished, host))
+        return await asyncio.shield(pending)
+
+    def _finished(self, host: str, done: asyncio.Future[frozenset[str]]) -> None:
+        self._inflight.pop(host, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: a caller that went away leaves no "never retrieved" warning
+
+    async def _look_up(self, host: str) -> frozenset[str]:
+        with self._lock:
+            if self._busy >= self.max_lookups:
+                raise UnresolvedHost(f"'{host[:128]}' was not looked up: {self.max_lookups} lookups are still "
+                                     "running")
+            self._busy += 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_lookups, thread_name_prefix="litellm-kv-dns")
+        work = self._pool.submit(socket.getaddrinfo, host, None, 0, socket.SOCK_STREAM)
+        work.add_done_callback(self._release)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                infos = await asyncio.wrap_future(work)
+            answer: frozenset[str] | str = frozenset(str(info[4][0]).split("%", 1)[0] for info in infos)
+        except TimeoutError:
+            answer = f"no answer for '{host[:128]}' within {self.timeout_s:g} s"
+        except (OSError, UnicodeError) as exc:
+            answer = f"'{host[:128]}' does not resolve ({type(exc).__name__}: {str(exc)[:128]})"
+        self._keep(host, answer)
+        if isinstance(answer, str):
+            raise UnresolvedHost(answer)
+        return answer
+
+    def _release(self, _: object) -> None:  # on the lookup's thread, when the system's resolver returns
+        with self._lock:
+            self._busy -= 1
+
+    def _keep(self, host: str, answer: frozenset[str] | str) -> None:
+        now = time.monotonic()
+        if len(self._answers) >= self.max_entries:
+            self._answers = {h: a for h, a in self._answers.items() if a[0] > now}
+            while len(self._answers) >= self.max_entries:
+                del self._answers[next(iter(self._answers))]
+        ttl = self.failure_ttl_s if isinstance(answer, str) else self.ttl_s
+        self._answers[host] = (now + ttl, answer)
