@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from litellm_kv import addresses
 from litellm_kv.config import Settings, guarded_sections, load_settings, parse_section
 from litellm_kv.errors import ConfigError
 from litellm_kv.routing.fleet import replica_id
@@ -93,23 +94,21 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
 
 def names_over_guarded_engines(plan: DeploymentPlan) -> dict[str, dict[str, list[str]]]:
     """The ``model_list`` names without a ``litellm_kv.model_groups`` entry (and not an alias of a configured
-    group) that share a vLLM server (scheme, host, port of ``api_base``) with a group that has reasoning or
-    vision limits or ``kv.tenant_isolation``: the proxy refuses their requests (``governance.model_name``), since
-    what that group guards would not follow them. Name → {guarded group: its guarded sections}. Only vLLM
-    deployments with an ``api_base`` are compared; the proxy also matches other providers by their model."""
+    group) that share a vLLM server (``api_base``'s host however written, and its port) with a group that has
+    reasoning or vision limits or ``kv.tenant_isolation``: the proxy refuses their requests
+    (``governance.model_name``), since what that group guards would not follow them. Name → {guarded group: its
+    guarded sections}. Only vLLM deployments with an ``api_base`` are compared; the proxy also matches other
+    providers by their model."""
     guarded = {name: [s.replace("_", " ") for s in sections]
                for name, sections in guarded_sections(plan.settings).items()}
 
-    def vllm_server(entry: dict[str, Any]) -> str | None:
+    def vllm_server(entry: dict[str, Any]) -> addresses.Server | None:
         params = entry["litellm_params"]
         if not str(params.get("model") or "").startswith("hosted_vllm/") or not params.get("api_base"):
             return None
-        try:
-            return replica_id(str(params["api_base"]))
-        except ValueError:
-            return None
+        return addresses.server(str(params["api_base"]))
 
-    servers: dict[str, set[str]] = {}
+    servers: dict[addresses.Server, set[str]] = {}
     for entry in plan.model_list:
         server = vllm_server(entry)
         if server is not None and entry["model_name"] in guarded:

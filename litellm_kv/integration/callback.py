@@ -191,7 +191,7 @@ class LiteLLMKV(CustomLogger):
         try:
             # An upstream the client chose (only where the operator allows client-side credentials) is no way past them.
             upstreams = litellm_data.client_upstreams(data)
-            self.group_names.check_client_upstreams(upstreams)
+            await self.group_names.check_client_upstreams(upstreams)
             # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
             model_group = self._governed_as(data, call, caller.team_id, bool(upstreams))
         except PolicyViolation as exc:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
+from litellm_kv import addresses
 from litellm_kv.config import ModelGroupSettings, Settings, guarded_sections, parse_section
 from litellm_kv.errors import ConfigError, PolicyViolation
 from litellm_kv.governance.budgets import (
@@ -28,7 +29,6 @@ from litellm_kv.integration.litellm_data import DeploymentTarget
 from litellm_kv.integration.workers import budgets_not_shared_why, proxy_workers
 from litellm_kv.redis_client import RedisUse
 from litellm_kv.redis_eviction import problem as eviction_problem
-from litellm_kv.routing.fleet import replica_id
 from litellm_kv.tasks import spawn_held
 
 G = TypeVar("G")
@@ -109,16 +109,16 @@ GOVERNED_SECTIONS = ("reasoning", "vision")
 ISOLATION = "cache isolation"
 
 
-def _server(api_base: str) -> str:
-    try:
-        return replica_id(api_base)
-    except ValueError:  # a port that is no number: compare it as written
-        return api_base.strip().rstrip("/")
+def _server(api_base: str) -> addresses.Server | str:
+    """The server of ``api_base`` however its host is written (``localhost`` and ``127.0.0.1`` are one); a URL
+    :func:`addresses.server` cannot read is compared as written."""
+    found = addresses.server(api_base)
+    return found if found is not None else api_base.strip().rstrip("/")
 
 
 def same_engine(a: DeploymentTarget, b: DeploymentTarget) -> bool:
-    """Whether calls to ``a`` land on the engine ``b`` sends to: the same server (scheme, host, port)
-    and the same upstream model, or any model when either is a vLLM deployment, since one vLLM server
+    """Whether calls to ``a`` land on the engine ``b`` sends to: the same server (address however written, and
+    port) and the same upstream model, or any model when either is a vLLM deployment, since one vLLM server
     answers every name it serves (``--served-model-name`` lists, LoRA adapters) on the same engine.
     Without an api_base (a provider's default endpoint): the same provider and model."""
     if a.api_base is None or b.api_base is None:
@@ -155,6 +155,7 @@ class GroupNames:
             if set(sections) & set(GOVERNED_SECTIONS):
                 self.limited.add(name)
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
+        self._resolver = addresses.Resolver()
 
     def resolve(self, requested: str, team_id: str | None = None, own_upstream: bool = False) -> str:
         """The group name to govern (and route) ``requested`` as; raises :class:`PolicyViolation` when
@@ -205,20 +206,32 @@ class GroupNames:
         return self._governed_reached(litellm_data.router_deployments(name, team_id) or [])
 
     def groups_served_at(self, url: str) -> list[str]:
-        """The groups with limits that have a deployment on the server of ``url`` (scheme, host, port)."""
+        """The groups with limits that have a deployment on the server of ``url`` (its address however written,
+        and port; DNS names as written)."""
         server = _server(url)
         return sorted({g for engine, g in self._governed_engines()
                        if engine.api_base is not None and _server(engine.api_base) == server})
 
-    def check_client_upstreams(self, urls: list[str]) -> None:
+    async def check_client_upstreams(self, urls: list[str]) -> None:
         """Refuse (400 ``governance.client_upstream``) a request whose client-chosen upstream (``api_base``,
         ``base_url``, a ``user_config`` deployment: LiteLLM accepts them only with
         ``general_settings.allow_client_side_credentials``) is the server of a governed group's deployment: the call
-        would reach that engine under a name the limits do not follow."""
-        if not self.governed:
+        would reach that engine under a name the limits do not follow. Servers are compared by address, DNS names
+        resolved (:class:`addresses.Resolver`); a name that cannot be resolved in time is refused too, since where it
+        goes cannot be told."""
+        if not self.governed or not urls:
             return
         for url in urls:
-            groups = self.groups_served_at(url)
+            try:
+                groups = await self._groups_at_servers(url)
+            except addresses.UnresolvedHost as exc:
+                raise PolicyViolation(
+                    400, f"The request names its own upstream (api_base, base_url or user_config), and whether it is "
+                    f"the engine of a model with limits ({', '.join(sorted(self.governed))}) could not be checked: "
+                    f"{exc}. The request was refused rather than sent where those limits may not follow it (limit "
+                    "governance.client_upstream).", limit_name="governance.client_upstream", value=url[:256],
+                    source="litellm-kv",
+                ) from None
             if groups:
                 named = ", ".join(f"'{g}'" for g in groups)
                 raise PolicyViolation(
@@ -228,6 +241,22 @@ class GroupNames:
                     "without an upstream of your own.", limit_name="governance.client_upstream",
                     source=f"config model_groups.{groups[0]}",
                 )
+
+    async def _groups_at_servers(self, url: str) -> list[str]:
+        """The governed groups with a deployment on a server ``url`` may connect to, DNS names followed on both
+        sides. Raises :class:`addresses.UnresolvedHost`."""
+        quick = self.groups_served_at(url)
+        if quick:
+            return quick
+        reached = await self._resolver.servers(url)
+        if not reached:
+            return []
+        found: set[str] = set()
+        for engine, group in self._governed_engines():
+            if group not in found and engine.api_base is not None \
+                    and reached & await self._resolver.servers(engine.api_base):
+                found.add(group)
+        return sorted(found)
 
     def _check_batch(self, requested: str, team_id: str | None) -> None:
         """LiteLLM serves a chat whose model lists names separated by commas as one call to each name (its batch

@@ -199,12 +199,13 @@ def test_budgets_kept_in_memory_are_a_warning(tmp_path: Path) -> None:
 
 def test_a_name_the_proxy_would_refuse_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``config.names``: a second model_name over the vLLM server of a group with limits or tenant isolation, with
-    no entry of its own, is refused by the proxy at request time; the doctor says so before traffic arrives."""
-    def vllm(name: str, port: int) -> dict[str, Any]:
-        return {"model_name": name, "litellm_params": {"model": "hosted_vllm/q", "api_base": f"http://127.0.0.1:{port}/v1"}}
+    no entry of its own, is refused by the proxy at request time; the doctor says so before traffic arrives, whatever
+    spelling of the server's address the second name uses."""
+    def vllm(name: str, port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+        return {"model_name": name, "litellm_params": {"model": "hosted_vllm/q", "api_base": f"http://{host}:{port}/v1"}}
 
     config = {
-        "model_list": [vllm("think", 9), vllm("think-too", 9), vllm("iso", 10), vllm("iso-plain", 10),
+        "model_list": [vllm("think", 9), vllm("think-too", 9, "LOCALHOST"), vllm("iso", 10), vllm("iso-plain", 10),
                        vllm("iso-configured", 10), vllm("iso-alias-name", 10), vllm("elsewhere", 11)],
         "router_settings": {"model_group_alias": {"iso-alias-name": "iso"}},
         "litellm_kv": {"model_groups": {"think": {"reasoning": {"style": "vllm"}}, "iso-configured": {},

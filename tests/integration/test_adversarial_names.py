@@ -43,6 +43,9 @@ def stack() -> Iterator[dict[str, Any]]:
         "model_list": [
             {"model_name": "qwen", "litellm_params": dep},
             {"model_name": "qwen-twin", "litellm_params": dep},  # a second name over the same deployment
+            # ... and over the same server under another spelling of its address (127.0.0.1 in the other)
+            {"model_name": "qwen-localhost", "litellm_params": {
+                **dep, "api_base": governed_url.replace("127.0.0.1", "localhost") + "/v1"}},
             {"model_name": "wild/*", "litellm_params": {**dep, "model": "hosted_vllm/*"}},
             {"model_name": "other", "litellm_params": {**dep, "api_base": other_url + "/v1"}},
         ],
@@ -98,13 +101,15 @@ def test_vision_max_visual_tokens_follows_a_model_group_alias(stack: dict[str, A
     assert len(_requests(stack["governed"])) == sent
 
 
-@pytest.mark.parametrize("model", ["qwen-twin", "wild/fake-model", "hosted_vllm/fake-model"])
+@pytest.mark.parametrize("model", ["qwen-twin", "qwen-localhost", "wild/fake-model", "hosted_vllm/fake-model"])
 def test_governed_limits_cannot_be_skipped_by_another_name_over_the_same_deployments(
     stack: dict[str, Any], model: str
 ) -> None:
-    """A second model_name, a wildcard over qwen's deployment and the deployments' own ``litellm_params.model`` (which
-    LiteLLM's router also routes by) have no entry of their own: refused, with the name's own message (the last was
-    caught before only at the deployment, as a call that skipped the checks)."""
+    """A second model_name, a second name over the engine under another spelling of its address (``localhost``; the
+    group's deployment says ``127.0.0.1``), a wildcard over qwen's deployment and the deployments' own
+    ``litellm_params.model`` (which LiteLLM's router also routes by) have no entry of their own: refused, with the
+    name's own message (the last was caught before only at the deployment, as a call that skipped the checks; the
+    ``localhost`` name was served without the group's reasoning budget while servers were compared as written)."""
     sent = len(_requests(stack["governed"]))
     r = _chat(stack["proxy"], "sk-plain", model, reasoning_effort="high")
     assert r.status_code == 400, r.text

@@ -10,6 +10,7 @@ received on any path, which only a capture server can show.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,3 +86,37 @@ def _filled(value: Any, governed: str) -> Any:
     if isinstance(value, list):
         return [_filled(v, governed) for v in value]
     return value
+
+
+SPELLINGS = {
+    "localhost": "http://localhost:{port}/v1",
+    "upper-case": "http://LOCALHOST:{port}/v1",
+    "trailing-dot": "http://localhost.:{port}/v1",
+    "short-ipv4": "http://127.1:{port}/v1",
+    "decimal-ipv4": "http://2130706433:{port}/v1",
+    "hex-ipv4": "http://0x7f.0.0.1:{port}/v1",
+    "mapped-ipv6": "http://[::ffff:127.0.0.1]:{port}/v1",
+    "unspecified": "http://0.0.0.0:{port}/v1",
+    "host-name": "http://{hostname}:{port}/v1",  # this machine's name, which DNS (here /etc/hosts) resolves
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS.values()), ids=list(SPELLINGS))
+def test_the_governed_engine_under_another_spelling_of_its_address_is_refused(stack: dict[str, Any],
+                                                                               spelling: str) -> None:
+    """On the code before, 6 of these were served by the governed engine without its limits (200); the rest
+    failed in LiteLLM's HTTP client (500), which does not read every IPv4 form the C library does."""
+    port = httpx.URL(stack["governed"]).port
+    before = _received(stack["governed"])
+    api_base = spelling.format(port=port, hostname=socket.gethostname())
+    r = _chat(stack, {"model": "hosted_vllm/fake-model", "api_base": api_base})
+    assert (r.status_code, _received(stack["governed"])) == (400, before), r.text[:300]
+    assert r.json()["error"]["param"] == "governance.client_upstream"
+
+
+def test_an_upstream_whose_host_does_not_resolve_is_refused_with_the_reason(stack: dict[str, Any]) -> None:
+    """Where a name that cannot be resolved goes cannot be told; with governed groups it is refused, saying why."""
+    r = _chat(stack, {"model": "hosted_vllm/fake-model", "api_base": "http://nowhere.invalid:8000/v1"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "governance.client_upstream" and "does not resolve" in error["message"]

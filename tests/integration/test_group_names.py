@@ -102,7 +102,7 @@ def test_governance_fails_closed_when_the_router_cannot_be_asked(monkeypatch: py
     assert ungoverned.resolve("qwen-twin") == "qwen-twin"  # no limit at stake: fails open
 
 
-def test_a_tenant_isolated_group_is_governed_for_names_and_upstreams_not_for_unchecked_calls(router: Any) -> None:
+async def test_a_tenant_isolated_group_is_governed_for_names_and_upstreams_not_for_unchecked_calls(router: Any) -> None:
     """Its engines get the tenant's cache_salt only under its own name: a second name over them and a client's
     own upstream to them are refused; calls the router sends there without the pre-call hook are salted where
     they are routed, so they are not among the groups such calls must not reach."""
@@ -116,6 +116,6 @@ def test_a_tenant_isolated_group_is_governed_for_names_and_upstreams_not_for_unc
         isolated.resolve("qwen-twin")
     assert refused.value.limit_name == "governance.model_name" and "cache isolation" in refused.value.message
     with pytest.raises(PolicyViolation) as upstream:
-        isolated.check_client_upstreams(["http://10.0.0.1:8000/v1"])
+        await isolated.check_client_upstreams(["http://10.0.0.1:8000/v1"])
     assert upstream.value.limit_name == "governance.client_upstream"
-    isolated.check_client_upstreams(["http://10.0.0.2:8000/v1"])  # the group without isolation
+    await isolated.check_client_upstreams(["http://10.0.0.2:8000/v1"])  # the group without isolation
