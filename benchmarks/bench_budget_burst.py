@@ -1,5 +1,5 @@
 """A burst of concurrent requests on a nearly spent reasoning budget, through a real ``litellm`` proxy and a
-healthy real redis-server, with the budget store's default settings (``litellm_kv.budgets``: 50 ms deadline,
+healthy real redis-server, with the budget store's default settings (``litellm_kv.budgets``: 150 ms deadline,
 ``on_store_error: fail_open``).
 
 Each round sets the key's day budget to ``--left`` tokens left, sends ``--burst`` requests at once and waits
