@@ -244,13 +244,14 @@ class GroupNames:
 
     async def _groups_at_servers(self, url: str) -> list[str]:
         """The governed groups with a deployment on a server ``url`` may connect to, DNS names followed on both
-        sides. Raises :class:`addresses.UnresolvedHost`."""
+        sides. Raises :class:`addresses.UnresolvedHost`, also for a URL whose host and port cannot be read (LiteLLM's
+        client may read it otherwise)."""
+        if addresses.server(url) is None:
+            raise addresses.UnresolvedHost(f"'{url[:128]}' names no host and port this proxy can read")
         quick = self.groups_served_at(url)
         if quick:
             return quick
         reached = await self._resolver.servers(url)
-        if not reached:
-            return []
         found: set[str] = set()
         for engine, group in self._governed_engines():
             if group not in found and engine.api_base is not None \

@@ -114,9 +114,17 @@ def test_the_governed_engine_under_another_spelling_of_its_address_is_refused(st
     assert r.json()["error"]["param"] == "governance.client_upstream"
 
 
-def test_an_upstream_whose_host_does_not_resolve_is_refused_with_the_reason(stack: dict[str, Any]) -> None:
-    """Where a name that cannot be resolved goes cannot be told; with governed groups it is refused, saying why."""
-    r = _chat(stack, {"model": "hosted_vllm/fake-model", "api_base": "http://nowhere.invalid:8000/v1"})
+@pytest.mark.parametrize(("api_base", "reason"), [
+    ("http://nowhere.invalid:8000/v1", "does not resolve"),
+    ("localhost:{port}/v1", "no host and port this proxy can read"),
+    ("http://127.0.0.1:99999/v1", "no host and port this proxy can read"),
+], ids=["no-such-name", "no-scheme", "port-out-of-range"])
+def test_an_upstream_whose_server_cannot_be_told_is_refused_with_the_reason(stack: dict[str, Any], api_base: str,
+                                                                           reason: str) -> None:
+    """Where a name that cannot be resolved, or a URL this proxy cannot read, goes cannot be told; with governed
+    groups it is refused, saying why."""
+    port = httpx.URL(stack["governed"]).port
+    r = _chat(stack, {"model": "hosted_vllm/fake-model", "api_base": api_base.format(port=port)})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "governance.client_upstream" and "does not resolve" in error["message"]
+    assert error["param"] == "governance.client_upstream" and reason in error["message"]
