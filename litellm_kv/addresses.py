@@ -21,14 +21,15 @@ behind a Service's).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import re
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 #: The host of every address of this machine: a server bound to all addresses answers on each of them.
@@ -108,6 +109,15 @@ def server(url: str) -> Server | None:
     return Server(host, port, named=True)
 
 
+def _settle(done: asyncio.Future[list[Any]], infos: list[Any] | None, error: Exception | None) -> None:
+    if done.done():  # given up at the deadline
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(infos or [])
+
+
 class UnresolvedHost(Exception):
     """A DNS name could not be resolved within the deadline (or the resolver failed), so which server it
     reaches is unknown."""
@@ -116,10 +126,11 @@ class UnresolvedHost(Exception):
 class Resolver:
     """:func:`server`, with DNS names followed to every address they resolve to.
 
-    Answers are kept ``ttl_s`` (a failure ``failure_ttl_s``) for at most ``max_entries`` names. Lookups run
-    on ``max_lookups`` threads of the resolver's own, one per name at a time; while every thread is busy
-    (a lookup given up after ``timeout_s`` keeps its thread until the system's resolver returns) a new name
-    is unresolved at once rather than queued, so hostile names cannot hold the proxy's threads or stall it.
+    Answers are kept ``ttl_s`` (a failure ``failure_ttl_s``) for at most ``max_entries`` names. Each lookup
+    runs on a daemon thread of its own, one per name at a time and at most ``max_lookups`` at once; while that
+    many are running (a lookup given up after ``timeout_s`` keeps its thread until the system's resolver
+    returns) a new name is unresolved at once rather than queued, so hostile names cannot hold the proxy's
+    threads, stall it or delay its exit.
     """
 
     def __init__(self, *, timeout_s: float = 1.0, ttl_s: float = 30.0, failure_ttl_s: float = 5.0,
@@ -131,7 +142,6 @@ class Resolver:
         self.max_lookups = max_lookups
         self._answers: dict[str, tuple[float, frozenset[str] | str]] = {}
         self._inflight: dict[str, asyncio.Future[frozenset[str]]] = {}
-        self._pool: ThreadPoolExecutor | None = None
         self._busy = 0  # lookups whose thread has not returned yet, given up or not
         self._lock = threading.Lock()
 
@@ -173,29 +183,38 @@ class Resolver:
     async def _look_up(self, host: str) -> frozenset[str]:
         with self._lock:
             if self._busy >= self.max_lookups:
-                raise UnresolvedHost(f"'{host[:128]}' was not looked up: {self.max_lookups} lookups are still "
+                raise UnresolvedHost(f"{host[:128]!a} was not looked up: {self.max_lookups} lookups are still "
                                      "running")
             self._busy += 1
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.max_lookups, thread_name_prefix="litellm-kv-dns")
-        work = self._pool.submit(socket.getaddrinfo, host, None, 0, socket.SOCK_STREAM)
-        work.add_done_callback(self._release)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[Any]] = loop.create_future()
+        # A daemon thread of its own: one the system's resolver holds never delays the proxy's exit.
+        threading.Thread(target=self._resolve, args=(host, loop, done), name="litellm-kv-dns", daemon=True).start()
         try:
             async with asyncio.timeout(self.timeout_s):
-                infos = await asyncio.wrap_future(work)
+                infos = await done
             answer: frozenset[str] | str = frozenset(str(info[4][0]).split("%", 1)[0] for info in infos)
         except TimeoutError:
-            answer = f"no answer for '{host[:128]}' within {self.timeout_s:g} s"
-        except (OSError, UnicodeError) as exc:
-            answer = f"'{host[:128]}' does not resolve ({type(exc).__name__}: {str(exc)[:128]})"
+            answer = f"no answer for {host[:128]!a} within {self.timeout_s:g} s"
+        except Exception as exc:  # OSError, UnicodeError, ValueError (a NUL in the name): no address either way
+            answer = f"{host[:128]!a} does not resolve ({type(exc).__name__}: {str(exc)[:128]})"
         self._keep(host, answer)
         if isinstance(answer, str):
             raise UnresolvedHost(answer)
         return answer
 
-    def _release(self, _: object) -> None:  # on the lookup's thread, when the system's resolver returns
-        with self._lock:
-            self._busy -= 1
+    def _resolve(self, host: str, loop: asyncio.AbstractEventLoop, done: asyncio.Future[list[Any]]) -> None:
+        """On the lookup's thread: the system's resolver, then the answer handed to the loop (if it still waits)."""
+        try:
+            infos: list[Any] | None = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+            error: Exception | None = None
+        except Exception as exc:  # whatever the resolver raised is the caller's answer
+            infos, error = None, exc
+        finally:
+            with self._lock:
+                self._busy -= 1
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(_settle, done, infos, error)
 
     def _keep(self, host: str, answer: frozenset[str] | str) -> None:
         now = time.monotonic()

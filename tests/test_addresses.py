@@ -109,6 +109,8 @@ async def test_a_lookup_that_hangs_is_given_up_and_hostile_names_cannot_hold_mor
         assert sum("lookups are still running" in str(r) for r in results) == 3
         with pytest.raises(UnresolvedHost, match="still running"):  # the two threads are still held
             await resolver.servers("http://h9.example:80")
+        held = [t for t in threading.enumerate() if t.name == "litellm-kv-dns"]
+        assert len(held) >= 2 and all(t.daemon for t in held)  # none delays the process's exit
     finally:
         release.set()
     for _ in range(100):  # the threads come back: lookups run again

@@ -247,7 +247,7 @@ class GroupNames:
         sides. Raises :class:`addresses.UnresolvedHost`, also for a URL whose host and port cannot be read (LiteLLM's
         client may read it otherwise)."""
         if addresses.server(url) is None:
-            raise addresses.UnresolvedHost(f"'{url[:128]}' names no host and port this proxy can read")
+            raise addresses.UnresolvedHost(f"{url[:128]!a} names no host and port this proxy can read")
         quick = self.groups_served_at(url)
         if quick:
             return quick
