@@ -254,8 +254,14 @@ class GroupNames:
         reached = await self._resolver.servers(url)
         found: set[str] = set()
         for engine, group in self._governed_engines():
-            if group not in found and engine.api_base is not None \
-                    and reached & await self._resolver.servers(engine.api_base):
+            if group in found or engine.api_base is None:
+                continue
+            try:
+                engine_servers = await self._resolver.servers(engine.api_base)
+            except addresses.UnresolvedHost as exc:  # the operator's host names stay out of the client's answer
+                log.warning("litellm-kv: the engine of governed group '%s' cannot be resolved: %s", group, exc)
+                raise addresses.UnresolvedHost(f"the engine of model '{group}' cannot be resolved now") from None
+            if reached & engine_servers:
                 found.add(group)
         return sorted(found)
 

@@ -17,6 +17,7 @@ from litellm.proxy import proxy_server
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.errors import PolicyViolation
 from litellm_kv.integration.governance import GroupNames
+from litellm_kv.integration.litellm_data import DeploymentTarget
 
 VLLM = {"model": "hosted_vllm/fake-model", "api_base": "http://10.0.0.1:8000/v1"}
 MODEL_LIST = [
@@ -119,3 +120,24 @@ async def test_a_tenant_isolated_group_is_governed_for_names_and_upstreams_not_f
         await isolated.check_client_upstreams(["http://10.0.0.1:8000/v1"])
     assert upstream.value.limit_name == "governance.client_upstream"
     await isolated.check_client_upstreams(["http://10.0.0.2:8000/v1"])  # the group without isolation
+
+
+async def test_client_upstreams_are_matched_by_address_and_an_unresolvable_engine_is_not_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's upstream and the governed deployments are compared by address (``10.0.0.1`` written as
+    ``[::ffff:10.0.0.1]``); where a governed deployment's own host name cannot be resolved, a client upstream that
+    needs the comparison is refused, and the refusal does not tell the client the operator's host name."""
+    governed = GroupNames(parse_section(Settings, {"model_groups": GROUPS}, "litellm_kv"))
+    engines = [(DeploymentTarget("http://10.0.0.1:8000/v1", "m", "hosted_vllm", True), "qwen"),
+               (DeploymentTarget("http://engine.invalid:8000/v1", "m", "hosted_vllm", True), "gpt-4o")]
+    monkeypatch.setattr(governed, "_governed_engines", lambda: engines)
+    with pytest.raises(PolicyViolation) as spelled:
+        await governed.check_client_upstreams(["http://[::ffff:10.0.0.1]:8000/v1"])
+    assert spelled.value.limit_name == "governance.client_upstream" and "'qwen'" in spelled.value.message
+    with pytest.raises(PolicyViolation) as unknown:
+        await governed.check_client_upstreams(["http://10.0.0.3:8000/v1"])
+    assert unknown.value.limit_name == "governance.client_upstream"
+    assert "model 'gpt-4o' cannot be resolved" in unknown.value.message
+    assert "engine.invalid" not in unknown.value.message
+    engines.pop()
+    await governed.check_client_upstreams(["http://10.0.0.3:8000/v1"])  # elsewhere: served
