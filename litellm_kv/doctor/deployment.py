@@ -92,33 +92,36 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
     return DeploymentPlan(p, settings, groups, unrouted, entries, aliases)
 
 
-def names_over_guarded_engines(plan: DeploymentPlan) -> dict[str, dict[str, list[str]]]:
+async def names_over_guarded_engines(plan: DeploymentPlan,
+                                     resolver: addresses.Resolver | None = None) -> dict[str, dict[str, list[str]]]:
     """The ``model_list`` names without a ``litellm_kv.model_groups`` entry (and not an alias of a configured
-    group) that share a vLLM server (``api_base``'s host however written, and its port) with a group that has
-    reasoning or vision limits or ``kv.tenant_isolation``: the proxy refuses their requests
-    (``governance.model_name``), since what that group guards would not follow them. Name → {guarded group: its
-    guarded sections}. Only vLLM deployments with an ``api_base`` are compared; the proxy also matches other
-    providers by their model."""
+    group) that share a vLLM server with a group that has reasoning or vision limits or ``kv.tenant_isolation``:
+    the proxy refuses their requests (``governance.model_name``), since what that group guards would not follow
+    them. Servers are compared as the proxy compares them: by address however the host is written, DNS names
+    resolved (a name that does not resolve, as written). Name → {guarded group: its guarded sections}. Only
+    vLLM deployments with an ``api_base`` are compared; the proxy also matches other providers by their model."""
     guarded = {name: [s.replace("_", " ") for s in sections]
                for name, sections in guarded_sections(plan.settings).items()}
+    resolver = resolver or addresses.Resolver()
 
-    def vllm_server(entry: dict[str, Any]) -> addresses.Server | None:
+    async def vllm_servers(entry: dict[str, Any]) -> frozenset[addresses.Server]:
         params = entry["litellm_params"]
         if not str(params.get("model") or "").startswith("hosted_vllm/") or not params.get("api_base"):
-            return None
-        return addresses.server(str(params["api_base"]))
+            return frozenset()
+        url = str(params["api_base"])
+        try:
+            return await resolver.servers(url)
+        except addresses.UnresolvedHost:
+            written = addresses.server(url)
+            return frozenset() if written is None else frozenset({written})
 
-    servers: dict[addresses.Server, set[str]] = {}
-    for entry in plan.model_list:
-        server = vllm_server(entry)
-        if server is not None and entry["model_name"] in guarded:
-            servers.setdefault(server, set()).add(entry["model_name"])
+    entries = [(entry["model_name"], await vllm_servers(entry)) for entry in plan.model_list]
+    engines = [(servers, name) for name, servers in entries if servers and name in guarded]
     found: dict[str, dict[str, list[str]]] = {}
-    for entry in plan.model_list:
-        name, server = entry["model_name"], vllm_server(entry)
-        if server is None or name in plan.settings.model_groups or plan.aliases.get(name) in plan.settings.model_groups:
+    for name, servers in entries:
+        if not servers or name in plan.settings.model_groups or plan.aliases.get(name) in plan.settings.model_groups:
             continue
-        for group in sorted(servers.get(server, ())):
+        for group in sorted({g for engine, g in engines if engine & servers}):
             found.setdefault(name, {})[group] = guarded[group]
     return found
 

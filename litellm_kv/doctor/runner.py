@@ -48,7 +48,7 @@ async def diagnose(opts: DoctorOptions, report: Report) -> None:
         report.add("config.deployments", name, Status.ERROR,
                    "routing: kv but no model_list entry of this model_name has an api_base",
                    "add the group's vLLM replicas to model_list (model_name, litellm_params.api_base)")
-    for name, guarded in names_over_guarded_engines(plan).items():
+    for name, guarded in (await names_over_guarded_engines(plan)).items():
         named = "; ".join(f"'{g}' ({' and '.join(sections)})" for g, sections in guarded.items())
         report.add("config.names", name, Status.ERROR,
                    f"model_name '{name}' is served by the same vLLM server as {named}, but has no "

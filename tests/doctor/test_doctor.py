@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from litellm_kv.doctor.deployment import names_over_guarded_engines, read_deployment
 from tools.harness.engines import EngineReplica, start_replicas, stop_replicas
 from tools.harness.indexer import running_indexer
 from tools.harness.procs import ROOT
@@ -218,3 +220,29 @@ def test_a_name_the_proxy_would_refuse_is_named(tmp_path: Path, monkeypatch: pyt
     assert "'think' (reasoning)" in found["think-too"]["detail"] and found["think-too"]["status"] == "error"
     assert "'iso' (tenant isolation)" in found["iso-plain"]["detail"]
     assert code != 0
+
+
+async def test_a_second_name_over_another_dns_name_of_a_guarded_engine_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config.names`` resolves host names as the proxy does (this test's resolver answers from a table): a second
+    name over another DNS name of the guarded engine's address is named, one over another address is not, and one
+    whose host does not resolve is compared as written."""
+    def answer(host: str, *args: Any, **kw: Any) -> list[Any]:
+        table = {"engine-a.example": "10.0.0.1", "engine-b.example": "10.0.0.1", "engine-c.example": "10.0.0.2"}
+        if host not in table:
+            raise OSError(-2, "Name or service not known")
+        return [(2, 1, 6, "", (table[host], 0))]
+
+    def vllm(name: str, host: str) -> dict[str, Any]:
+        return {"model_name": name, "litellm_params": {"model": "hosted_vllm/q", "api_base": f"http://{host}:8000/v1"}}
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({
+        "model_list": [vllm("think", "engine-a.example"), vllm("think-dns", "engine-b.example"),
+                       vllm("think-ip", "10.0.0.1"), vllm("other", "engine-c.example"),
+                       vllm("gone", "engine-d.example")],
+        "litellm_kv": {"model_groups": {"think": {"reasoning": {"style": "vllm"}}}},
+    }))
+    monkeypatch.setattr(socket, "getaddrinfo", answer)
+    found = await names_over_guarded_engines(read_deployment(path))
+    assert found == {"think-dns": {"think": ["reasoning"]}, "think-ip": {"think": ["reasoning"]}}
