@@ -118,6 +118,15 @@ def _settle(done: asyncio.Future[list[Any]], infos: list[Any] | None, error: Exc
         done.set_result(infos or [])
 
 
+def _with_addresses(named: Server, addresses: frozenset[str]) -> frozenset[Server]:
+    found = {named}
+    for text in addresses:
+        ip = literal_address(text)
+        if ip is not None:
+            found.add(_canonical(ip, named.port))
+    return frozenset(found)
+
+
 class UnresolvedHost(Exception):
     """A DNS name could not be resolved within the deadline (or the resolver failed), so which server it
     reaches is unknown."""
@@ -142,6 +151,7 @@ class Resolver:
         self.max_lookups = max_lookups
         self._answers: dict[str, tuple[float, frozenset[str] | str]] = {}
         self._inflight: dict[str, asyncio.Future[frozenset[str]]] = {}
+        self._last: dict[str, frozenset[str]] = {}  # each name's last positive answer, kept past its ttl
         self._busy = 0  # lookups whose thread has not returned yet, given up or not
         self._lock = threading.Lock()
 
@@ -154,13 +164,18 @@ class Resolver:
             return frozenset()
         if not first.named:
             return frozenset({first})
-        addresses = await self._addresses(first.host)
-        found = {first}
-        for text in addresses:
-            ip = literal_address(text)
-            if ip is not None:
-                found.add(_canonical(ip, first.port))
-        return frozenset(found)
+        return _with_addresses(first, await self._addresses(first.host))
+
+    def known(self, url: str) -> frozenset[Server] | None:
+        """:meth:`servers` without any I/O: for a DNS name, from the last answer the name resolved to (however
+        old); ``None`` for a name never resolved, or a URL without a readable server."""
+        first = server(url)
+        if first is None:
+            return None
+        if not first.named:
+            return frozenset({first})
+        last = self._last.get(first.host)
+        return None if last is None else _with_addresses(first, last)
 
     async def _addresses(self, host: str) -> frozenset[str]:
         kept = self._answers.get(host)
@@ -224,3 +239,8 @@ class Resolver:
                 del self._answers[next(iter(self._answers))]
         ttl = self.failure_ttl_s if isinstance(answer, str) else self.ttl_s
         self._answers[host] = (now + ttl, answer)
+        if not isinstance(answer, str):
+            self._last.pop(host, None)
+            while len(self._last) >= self.max_entries:
+                del self._last[next(iter(self._last))]
+            self._last[host] = answer

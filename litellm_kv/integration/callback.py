@@ -193,7 +193,7 @@ class LiteLLMKV(CustomLogger):
             upstreams = litellm_data.client_upstreams(data)
             await self.group_names.check_client_upstreams(upstreams)
             # The group LiteLLM will serve the name from (an alias followed), so its limits hold.
-            model_group = self._governed_as(data, call, caller.team_id, bool(upstreams))
+            model_group = await self._governed_as(data, call, caller.team_id, bool(upstreams))
         except PolicyViolation as exc:
             raise self._refusal(exc, caller, litellm_data.model_group(data)) from None
         group = self.settings.group(model_group)
@@ -237,13 +237,15 @@ class LiteLLMKV(CustomLogger):
             self.records.put(record_key, GOVERNED_RECORD, model_group)
         return data
 
-    def _governed_as(self, data: dict, call_type: str, team_id: str | None, own_upstream: bool) -> str:
+    async def _governed_as(self, data: dict, call_type: str, team_id: str | None, own_upstream: bool) -> str:
         """The group a call is governed as. A batch may run on the model its input file was uploaded for
         rather than the one its body names (:func:`litellm_data.batch_models`): of the groups it may reach,
         one with limits is the one governed, so a batch bound for governed engines is refused when it is
         created, not line by line at the deployments."""
-        names = litellm_data.batch_models(data) if call_type == "acreate_batch" else []
-        groups = [self.group_names.resolve(n, team_id, own_upstream) for n in names or [litellm_data.model_group(data)]]
+        names = (litellm_data.batch_models(data) if call_type == "acreate_batch" else []) or [
+            litellm_data.model_group(data)]
+        await self.group_names.prepare(names, team_id)
+        groups = [self.group_names.resolve(n, team_id, own_upstream) for n in names]
         return next((g for g in groups if g in self.group_names.limited), groups[0])
 
     def _abandon(self, handlers: list[Handler], record_key: str | None) -> None:
@@ -329,7 +331,7 @@ class LiteLLMKV(CustomLogger):
         return chosen if chosen else healthy_deployments
 
     async def async_pre_call_deployment_hook(self, kwargs: dict, call_type: Any) -> dict | None:
-        self._refuse_unchecked(kwargs, str(getattr(call_type, "value", call_type)))
+        await self._refuse_unchecked(kwargs, str(getattr(call_type, "value", call_type)))
         for h in self.handlers:
             try:
                 await h.pre_deployment(kwargs)
@@ -337,7 +339,7 @@ class LiteLLMKV(CustomLogger):
                 self._contain(h, "pre_deployment")
         return kwargs
 
-    def _refuse_unchecked(self, kwargs: Mapping[str, Any], call_type: str) -> None:
+    async def _refuse_unchecked(self, kwargs: Mapping[str, Any], call_type: str) -> None:
         """A client's call on its way to a governed group's deployment whose limits the pre-call hook did not apply
         is refused: one that skipped the hook (LiteLLM runs the lines of its own batches and its pass-through routes
         through the router without it), or a fallback to another group that the client asked for (the router calls
@@ -350,6 +352,7 @@ class LiteLLMKV(CustomLogger):
         caller = litellm_data.caller_from_request_metadata(litellm_data.request_metadata(kwargs))
         try:
             names = [litellm_data.deployment_group(kwargs), *litellm_data.deployment_model_groups(kwargs)]
+            await self.group_names.prepare(names, caller.team_id)
             # A KV-routed group's tenant isolation is given to such a call where it is routed (routing_hooks).
             groups = sorted({g for name in names if name
                              for g in self.group_names.groups_reached(name, caller.team_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
@@ -156,6 +157,7 @@ class GroupNames:
                 self.limited.add(name)
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
         self._resolver = addresses.Resolver()
+        self._warned: dict[str, float] = {}
 
     def resolve(self, requested: str, team_id: str | None = None, own_upstream: bool = False) -> str:
         """The group name to govern (and route) ``requested`` as; raises :class:`PolicyViolation` when
@@ -205,12 +207,68 @@ class GroupNames:
             return [target] if target in self.governed else []
         return self._governed_reached(litellm_data.router_deployments(name, team_id) or [])
 
+    async def prepare(self, names: Iterable[str | None], team_id: str | None = None, *,
+                      urls: Iterable[str] = ()) -> None:
+        """Resolve the DNS names of the deployments ``names`` may reach and of the governed groups' deployments, so
+        that :meth:`resolve` and :meth:`groups_reached`, which do no I/O, match a second name to a governed engine
+        by address, not only by the host name as written (``vllm.ns`` and ``vllm.ns.svc.cluster.local``, or the
+        Service's address). Names with an entry of their own, or an alias of one, need none. Answers are cached
+        (:class:`addresses.Resolver`); a name that does not resolve is compared as written, since LiteLLM cannot
+        reach it either, and is logged. ``urls``: other upstreams to compare (a pass-through route's targets)."""
+        if not self.governed:
+            return
+        try:
+            wanted = set(urls)
+            for name in {n.strip() for entry in names if entry for n in entry.split(",") if n.strip()}:
+                if name in self.settings.model_groups \
+                        or litellm_data.router_alias_target(name) in self.settings.model_groups:
+                    continue
+                wanted.update(str(target.api_base) for d in litellm_data.router_deployments(name, team_id) or []
+                              if (target := litellm_data.deployment_target(d)).api_base)
+            if not wanted:
+                return  # every name has an entry of its own: nothing is matched by address
+            wanted |= {engine.api_base for engine, _ in self._governed_engines() if engine.api_base}
+        except Exception:  # the checks that follow read the router again and refuse on the same error
+            return
+        named = sorted(u for u in wanted if (s := addresses.server(u)) is not None and s.named)
+        if not named:
+            return
+        answers = await asyncio.gather(*(self._resolver.servers(u) for u in named), return_exceptions=True)
+        for url, answer in zip(named, answers, strict=True):
+            if isinstance(answer, BaseException):
+                self._warn_unresolved(url, answer)
+
+    def _warn_unresolved(self, url: str, error: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(url, -1e9) >= 60.0:
+            self._warned[url] = now
+            if len(self._warned) > 1024:
+                self._warned = {u: t for u, t in self._warned.items() if now - t < 60.0}
+            log.warning("litellm-kv: deployment %s cannot be resolved (%s); it is matched to governed engines by its "
+                        "host name as written", url, error)
+
+    def _same_engine(self, a: DeploymentTarget, b: DeploymentTarget) -> bool:
+        """:func:`same_engine`, DNS names also matched by the addresses :meth:`prepare` resolved them to."""
+        if same_engine(a, b):
+            return True
+        if a.api_base is None or b.api_base is None or not (a.vllm or b.vllm or a.model == b.model):
+            return False
+        first, second = self._resolver.known(a.api_base), self._resolver.known(b.api_base)
+        return first is not None and second is not None and bool(first & second)
+
     def groups_served_at(self, url: str) -> list[str]:
         """The groups with limits that have a deployment on the server of ``url`` (its address however written,
         and port; DNS names as written)."""
-        server = _server(url)
-        return sorted({g for engine, g in self._governed_engines()
-                       if engine.api_base is not None and _server(engine.api_base) == server})
+        server, known = _server(url), self._resolver.known(url)
+        found: set[str] = set()
+        for engine, group in self._governed_engines():
+            if engine.api_base is None or group in found:
+                continue
+            if _server(engine.api_base) == server:
+                found.add(group)
+            elif known is not None and known & (self._resolver.known(engine.api_base) or frozenset()):
+                found.add(group)  # DNS names resolved to one address (:meth:`prepare`)
+        return sorted(found)
 
     async def check_client_upstreams(self, urls: list[str]) -> None:
         """Refuse (400 ``governance.client_upstream``) a request whose client-chosen upstream (``api_base``,
@@ -318,7 +376,7 @@ class GroupNames:
         for dep in reached:
             target = litellm_data.deployment_target(dep)
             for engine, group in engines:
-                if group not in found and same_engine(target, engine):
+                if group not in found and self._same_engine(target, engine):
                     log.info("litellm-kv: %s reaches %s of governed group '%s'", target, engine, group)
                     found.add(group)
         return sorted(found)

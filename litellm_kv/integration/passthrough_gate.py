@@ -246,6 +246,7 @@ class PassThroughGate:
             models, body_model = named_models(app_path(scope), route.prefix,
                                               bytes(scope.get("query_string") or b"").decode("latin-1"), headers, raw,
                                               headers.get("content-type", ""))
+            await names.prepare(models, urls=route.targets)
             groups, what = groups_reached(names, route, models, router_knows(body_model))
         except TooManySegments as exc:
             await answer(send, 400, refusal(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import io
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +47,9 @@ def stack() -> Iterator[dict[str, Any]]:
             # ... and over the same server under another spelling of its address (127.0.0.1 in the other)
             {"model_name": "qwen-localhost", "litellm_params": {
                 **dep, "api_base": governed_url.replace("127.0.0.1", "localhost") + "/v1"}},
+            # ... and under this machine's host name, a DNS name (here from /etc/hosts) for one of its addresses
+            {"model_name": "qwen-hostname", "litellm_params": {
+                **dep, "api_base": governed_url.replace("127.0.0.1", socket.gethostname()) + "/v1"}},
             {"model_name": "wild/*", "litellm_params": {**dep, "model": "hosted_vllm/*"}},
             {"model_name": "other", "litellm_params": {**dep, "api_base": other_url + "/v1"}},
         ],
@@ -101,7 +105,8 @@ def test_vision_max_visual_tokens_follows_a_model_group_alias(stack: dict[str, A
     assert len(_requests(stack["governed"])) == sent
 
 
-@pytest.mark.parametrize("model", ["qwen-twin", "qwen-localhost", "wild/fake-model", "hosted_vllm/fake-model"])
+@pytest.mark.parametrize("model", ["qwen-twin", "qwen-localhost", "qwen-hostname", "wild/fake-model",
+                                   "hosted_vllm/fake-model"])
 def test_governed_limits_cannot_be_skipped_by_another_name_over_the_same_deployments(
     stack: dict[str, Any], model: str
 ) -> None:
@@ -109,7 +114,14 @@ def test_governed_limits_cannot_be_skipped_by_another_name_over_the_same_deploym
     group's deployment says ``127.0.0.1``), a wildcard over qwen's deployment and the deployments' own
     ``litellm_params.model`` (which LiteLLM's router also routes by) have no entry of their own: refused, with the
     name's own message (the last was caught before only at the deployment, as a call that skipped the checks; the
-    ``localhost`` name was served without the group's reasoning budget while servers were compared as written)."""
+    ``localhost`` name and the host-name one were served without the group's reasoning budget while servers were
+    compared as written). The host name is resolved through DNS as LiteLLM would; where this machine's name does
+    not resolve, that case is skipped."""
+    if model == "qwen-hostname":
+        try:
+            socket.getaddrinfo(socket.gethostname(), None)
+        except OSError:
+            pytest.skip("this machine's host name does not resolve")
     sent = len(_requests(stack["governed"]))
     r = _chat(stack["proxy"], "sk-plain", model, reasoning_effort="high")
     assert r.status_code == 400, r.text

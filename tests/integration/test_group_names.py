@@ -7,6 +7,7 @@ raises (a stand-in registry, since a real one does not fail on demand).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,3 +142,36 @@ async def test_client_upstreams_are_matched_by_address_and_an_unresolvable_engin
     assert "engine.invalid" not in unknown.value.message
     engines.pop()
     await governed.check_client_upstreams(["http://10.0.0.3:8000/v1"])  # elsewhere: served
+
+
+DNS_LIST = [
+    {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://engine-a.example:8000/v1"}},
+    # The same Service under a second name (its short name, a CNAME): one address.
+    {"model_name": "qwen-dns", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://engine-b.example:8000"}},
+    {"model_name": "elsewhere", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://engine-c.example:8000"}},
+    {"model_name": "gone", "litellm_params": {"model": "hosted_vllm/m", "api_base": "http://engine-d.example:8000"}},
+]
+DNS = {"engine-a.example": "10.0.0.1", "engine-b.example": "10.0.0.1", "engine-c.example": "10.0.0.2"}
+
+
+async def test_a_second_name_over_another_dns_name_of_the_engine_is_refused_once_resolved(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Deployments are matched by address once :meth:`GroupNames.prepare` resolved their host names (this machine's
+    resolver answers from the table above): a second name over another DNS name of the governed engine is refused,
+    one over another address served, and one whose host does not resolve is compared as written, with a warning."""
+    def answer(host: str, *args: Any, **kw: Any) -> list[Any]:
+        if host not in DNS:
+            raise OSError(-2, "Name or service not known")
+        return [(2, 1, 6, "", (DNS[host], 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", answer)
+    monkeypatch.setattr(proxy_server, "llm_router", litellm.Router(model_list=DNS_LIST))
+    governed = names()
+    assert governed.resolve("qwen-dns") == "qwen-dns"  # not resolved yet: host names differ as written
+    await governed.prepare(["qwen-dns", "elsewhere", "gone"])
+    with pytest.raises(PolicyViolation) as refused:
+        governed.resolve("qwen-dns")
+    assert refused.value.limit_name == "governance.model_name" and "'qwen'" in refused.value.message
+    assert governed.groups_reached("qwen-dns") == ["qwen"]
+    assert governed.resolve("elsewhere") == "elsewhere" and governed.resolve("gone") == "gone"
+    assert any("engine-d.example" in r.getMessage() for r in caplog.records)

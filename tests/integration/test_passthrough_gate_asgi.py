@@ -42,6 +42,9 @@ class Groups:
     def groups_served_at(self, url: str) -> list[str]:
         return ["qwen"] if url.startswith("http://engine:8000") else []
 
+    async def prepare(self, names: Any, team_id: str | None = None, *, urls: Any = ()) -> None:
+        return None
+
 
 def call(gate: PassThroughGate, path: str, body: bytes = b"", query: str = "",
          headers: dict[str, str] | None = None) -> tuple[int, Any]:
