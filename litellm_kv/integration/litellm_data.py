@@ -164,8 +164,29 @@ def deployment_target(deployment: Mapping[str, Any]) -> DeploymentTarget:
     prefix, sep, rest = model.partition("/")
     provider = str(params.get("custom_llm_provider") or (prefix if sep else ""))
     upstream = rest if sep and prefix == provider else model
-    api_base = params.get("api_base")
-    return DeploymentTarget(str(api_base) if api_base else None, upstream, provider, provider == "hosted_vllm")
+    api_base = _explicit_base(params) or default_base(model, provider)
+    return DeploymentTarget(api_base, upstream, provider, provider == "hosted_vllm")
+
+
+def _explicit_base(params: Mapping[str, Any]) -> str | None:
+    for key in ("api_base", "base_url"):
+        if isinstance(params.get(key), str) and params[key]:
+            return str(params[key])
+    return None
+
+
+def default_base(model: str, provider: str = "") -> str | None:
+    """Where LiteLLM sends a call for ``model`` that names no ``api_base``: the provider's default from this
+    process's settings (``litellm.api_base``, ``HOSTED_VLLM_API_BASE`` for ``hosted_vllm/``), as LiteLLM's own
+    ``get_llm_provider`` reads it; ``None`` for a provider's public endpoint or a model it cannot place."""
+    try:
+        import litellm
+
+        found = litellm.get_llm_provider(model=model, custom_llm_provider=provider or None)
+    except Exception:
+        return None
+    base = found[3] if len(found) > 3 else None
+    return str(base) if isinstance(base, str) and base else None
 
 
 def _router() -> Any | None:
@@ -276,16 +297,33 @@ def configured_fallbacks(group: str) -> set[str]:
 def client_upstreams(data: Mapping[str, Any]) -> list[str]:
     """The upstreams a proxy request names itself (LiteLLM honours them only with
     ``general_settings.allow_client_side_credentials``): ``api_base`` and ``base_url`` at the top level or in
-    ``extra_body``, and the ``api_base`` of each deployment of a ``user_config`` model list."""
+    ``extra_body``, and for a ``user_config`` (a router of the client's own) its ``default_litellm_params``' and
+    each deployment's, or where neither names one, where LiteLLM sends that deployment's model by default
+    (:func:`default_base`: ``HOSTED_VLLM_API_BASE`` for ``hosted_vllm/``)."""
     out: list[str] = []
-    places: list[Any] = [data, data.get("extra_body")]
-    config = data.get("user_config")
-    if isinstance(config, Mapping) and isinstance(config.get("model_list"), list):
-        places += [d.get("litellm_params") for d in config["model_list"] if isinstance(d, Mapping)]
-    for place in places:
+    for place in (data, data.get("extra_body")):
         if isinstance(place, Mapping):
-            out += [str(place[k]) for k in ("api_base", "base_url") if isinstance(place.get(k), str) and place[k]]
+            out += _named_bases(place)
+    config = data.get("user_config")
+    if isinstance(config, Mapping):
+        defaults = config.get("default_litellm_params")
+        defaults = defaults if isinstance(defaults, Mapping) else {}
+        out += _named_bases(defaults)
+        deployments = config.get("model_list")
+        for dep in deployments if isinstance(deployments, list) else []:
+            params = dep.get("litellm_params") if isinstance(dep, Mapping) else None
+            if not isinstance(params, Mapping):
+                continue
+            own = _named_bases(params)
+            out += own
+            if not own and not _named_bases(defaults):
+                base = default_base(str(params.get("model") or ""), str(params.get("custom_llm_provider") or ""))
+                out += [base] if base else []
     return out
+
+
+def _named_bases(place: Mapping[str, Any]) -> list[str]:
+    return [str(place[k]) for k in ("api_base", "base_url") if isinstance(place.get(k), str) and place[k]]
 
 
 def same_server(a: str, b: str) -> bool:

@@ -37,7 +37,9 @@ def stack() -> Iterator[dict[str, Any]]:
         "litellm_kv": {"model_groups": {"qwen": {"reasoning": {"style": "vllm", "max_budget": 50}}}},
         "general_settings": {"allow_client_side_credentials": True},
     }
-    proxy = start_proxy(config, name="litellm-client-upstream", env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    # LiteLLM's default for a hosted_vllm model without an api_base: the governed engine.
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_BASE": governed_url + "/v1"}
+    proxy = start_proxy(config, name="litellm-client-upstream", env=env)
     try:
         yield {"proxy": proxy, "governed": governed_url, "other": other_url}
     finally:
@@ -61,7 +63,14 @@ def _chat(stack: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
     {"model": "qwen", "api_base": "{governed}/v1"},
     {"model": "free", "user_config": {"model_list": [{"model_name": "free", "litellm_params": {
         "model": "hosted_vllm/fake-model", "api_base": "{governed}/v1"}}]}},
-], ids=["api_base", "base_url", "governed-name", "user_config"])
+    {"model": "free", "user_config": {"default_litellm_params": {"api_base": "{governed}/v1"}, "model_list": [
+        {"model_name": "free", "litellm_params": {"model": "hosted_vllm/fake-model"}}]}},
+    {"model": "free", "user_config": {"model_list": [{"model_name": "free", "litellm_params": {
+        "model": "hosted_vllm/fake-model", "base_url": "{governed}/v1"}}]}},
+    {"model": "free", "user_config": {"model_list": [{"model_name": "free", "litellm_params": {
+        "model": "hosted_vllm/fake-model"}}]}},
+], ids=["api_base", "base_url", "governed-name", "user_config", "user_config-defaults", "user_config-base_url",
+        "user_config-provider-default"])
 def test_a_client_chosen_upstream_never_reaches_a_governed_engine(stack: dict[str, Any], body: dict[str, Any]) -> None:
     body = _filled(body, stack["governed"])
     before = _received(stack["governed"])

@@ -17,6 +17,7 @@ from litellm.proxy import proxy_server
 
 from litellm_kv.config import Settings, parse_section
 from litellm_kv.errors import PolicyViolation
+from litellm_kv.integration import litellm_data
 from litellm_kv.integration.governance import GroupNames
 from litellm_kv.integration.litellm_data import DeploymentTarget
 
@@ -175,3 +176,22 @@ async def test_a_second_name_over_another_dns_name_of_the_engine_is_refused_once
     assert governed.groups_reached("qwen-dns") == ["qwen"]
     assert governed.resolve("elsewhere") == "elsewhere" and governed.resolve("gone") == "gone"
     assert any("engine-d.example" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_s_own_router_is_read_for_every_upstream_it_may_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``client_upstreams`` of a ``user_config``: its ``default_litellm_params``, each deployment's own upstream, and
+    where neither names one, LiteLLM's default for the model (``HOSTED_VLLM_API_BASE`` for ``hosted_vllm/``; none for
+    a provider's public endpoint). A deployment of the proxy's own without an api_base is placed by the same default."""
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", "http://10.0.0.1:8000/v1")
+    vllm = {"model_name": "free", "litellm_params": {"model": "hosted_vllm/m"}}
+    public = {"model_name": "gpt", "litellm_params": {"model": "openai/gpt-4o"}}
+    own = {"model_name": "own", "litellm_params": {"model": "hosted_vllm/m", "base_url": "http://10.0.0.7/v1"}}
+    assert litellm_data.client_upstreams({"user_config": {"model_list": [vllm, public, own]}}) == [
+        "http://10.0.0.1:8000/v1", "http://10.0.0.7/v1"]
+    assert litellm_data.client_upstreams({"user_config": {
+        "default_litellm_params": {"api_base": "http://10.0.0.5/v1"}, "model_list": [vllm, "junk"]}}) == [
+        "http://10.0.0.5/v1"]
+    assert litellm_data.client_upstreams({"api_base": "http://a/v1", "extra_body": {"base_url": "http://b/v1"},
+                                          "user_config": "junk"}) == ["http://a/v1", "http://b/v1"]
+    assert litellm_data.deployment_target(vllm).api_base == "http://10.0.0.1:8000/v1"
+    assert litellm_data.deployment_target(public).api_base is None
