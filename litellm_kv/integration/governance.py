@@ -156,7 +156,9 @@ class GroupNames:
             if set(sections) & set(GOVERNED_SECTIONS):
                 self.limited.add(name)
         self._engines: tuple[int | None, list[tuple[DeploymentTarget, str]]] | None = None
-        self._resolver = addresses.Resolver()
+        self._resolver = addresses.Resolver()  # the deployments' host names (the operator's)
+        # Host names clients name, apart: a client spraying names that never resolve holds only this one's lookups.
+        self._client_resolver = addresses.Resolver()
         self._warned: dict[str, float] = {}
 
     def resolve(self, requested: str, team_id: str | None = None, own_upstream: bool = False) -> str:
@@ -309,7 +311,7 @@ class GroupNames:
         quick = self.groups_served_at(url)
         if quick:
             return quick
-        reached = await self._resolver.servers(url)
+        reached = await self._client_resolver.servers(url)
         found: set[str] = set()
         for engine, group in self._governed_engines():
             if group in found or engine.api_base is None:

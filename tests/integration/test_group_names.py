@@ -7,7 +7,9 @@ raises (a stand-in registry, since a real one does not fail on demand).
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -195,3 +197,29 @@ def test_a_client_s_own_router_is_read_for_every_upstream_it_may_call(monkeypatc
                                           "user_config": "junk"}) == ["http://a/v1", "http://b/v1"]
     assert litellm_data.deployment_target(vllm).api_base == "http://10.0.0.1:8000/v1"
     assert litellm_data.deployment_target(public).api_base is None
+
+
+async def test_names_a_client_sprays_do_not_hold_the_lookups_of_the_deployments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client-named hosts are looked up apart from the deployments': while every client lookup hangs, a deployment's
+    host name is still resolved, so a second name over it is still matched by address."""
+    release = threading.Event()
+
+    def answer(host: str, *args: Any, **kw: Any) -> list[Any]:
+        if host.startswith("spray"):
+            release.wait(10)
+            raise OSError(-2, "Name or service not known")
+        return [(2, 1, 6, "", (DNS[host], 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", answer)
+    monkeypatch.setattr(proxy_server, "llm_router", litellm.Router(model_list=DNS_LIST))
+    governed = names()
+    try:
+        sprayed = await asyncio.gather(*(governed.check_client_upstreams([f"http://spray{i}.example/v1"])
+                                         for i in range(8)), return_exceptions=True)
+        assert all(isinstance(r, PolicyViolation) for r in sprayed)
+        await governed.prepare(["qwen-dns"])
+        with pytest.raises(PolicyViolation, match="same deployments"):
+            governed.resolve("qwen-dns")
+    finally:
+        release.set()
