@@ -260,7 +260,8 @@ class GroupNames:
 
     def groups_served_at(self, url: str) -> list[str]:
         """The groups with limits that have a deployment on the server of ``url`` (its address however written,
-        and port; DNS names as written)."""
+        and port; DNS names by the addresses they last resolved to, where :meth:`prepare` resolved them, else as
+        written). Does no I/O."""
         server, known = _server(url), self._resolver.known(url)
         found: set[str] = set()
         for engine, group in self._governed_engines():
