@@ -164,15 +164,9 @@ def deployment_target(deployment: Mapping[str, Any]) -> DeploymentTarget:
     prefix, sep, rest = model.partition("/")
     provider = str(params.get("custom_llm_provider") or (prefix if sep else ""))
     upstream = rest if sep and prefix == provider else model
-    api_base = _explicit_base(params) or default_base(model, provider)
+    named = _named_bases(params)  # its own api_base, else its LiteLLM credential's
+    api_base = named[0] if named else default_base(model, provider)
     return DeploymentTarget(api_base, upstream, provider, provider == "hosted_vllm")
-
-
-def _explicit_base(params: Mapping[str, Any]) -> str | None:
-    for key in ("api_base", "base_url"):
-        if isinstance(params.get(key), str) and params[key]:
-            return str(params[key])
-    return None
 
 
 def default_base(model: str, provider: str = "") -> str | None:
@@ -323,7 +317,30 @@ def client_upstreams(data: Mapping[str, Any]) -> list[str]:
 
 
 def _named_bases(place: Mapping[str, Any]) -> list[str]:
-    return [str(place[k]) for k in ("api_base", "base_url") if isinstance(place.get(k), str) and place[k]]
+    """The upstreams ``place`` names: its ``api_base`` and ``base_url``, and those of a LiteLLM credential it names
+    (``litellm_credential_name``, whose values LiteLLM merges into the call)."""
+    out = [str(place[k]) for k in ("api_base", "base_url") if isinstance(place.get(k), str) and place[k]]
+    credential = place.get("litellm_credential_name")
+    if isinstance(credential, str) and credential:
+        out += credential_bases(credential)
+    return out
+
+
+def credential_bases(name: str) -> list[str]:
+    """The ``api_base`` and ``base_url`` of LiteLLM's stored credential ``name`` (``credential_list``), with an
+    ``os.environ/`` reference read as LiteLLM reads it; empty for an unknown name."""
+    import litellm
+    from litellm.litellm_core_utils.credential_accessor import CredentialAccessor
+
+    values = CredentialAccessor.get_credential_values(name)
+    out: list[str] = []
+    for key in ("api_base", "base_url"):
+        value = values.get(key)
+        if isinstance(value, str) and value.startswith("os.environ/"):
+            value = litellm.get_secret_str(value)
+        if isinstance(value, str) and value:
+            out.append(value)
+    return out
 
 
 def same_server(a: str, b: str) -> bool:

@@ -36,6 +36,10 @@ def stack() -> Iterator[dict[str, Any]]:
         "litellm_settings": {"callbacks": ["litellm_kv.integration.callback.proxy_handler"]},
         "litellm_kv": {"model_groups": {"qwen": {"reasoning": {"style": "vllm", "max_budget": 50}}}},
         "general_settings": {"allow_client_side_credentials": True},
+        # A LiteLLM credential of the operator's for the governed engine (a deployment may name it instead of an
+        # api_base); a client's own router can name it too.
+        "credential_list": [{"credential_name": "engine-cred", "credential_info": {},
+                             "credential_values": {"api_base": governed_url + "/v1", "api_key": "k"}}],
     }
     # LiteLLM's default for a hosted_vllm model without an api_base: the governed engine.
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOSTED_VLLM_API_BASE": governed_url + "/v1"}
@@ -69,8 +73,14 @@ def _chat(stack: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
         "model": "hosted_vllm/fake-model", "base_url": "{governed}/v1"}}]}},
     {"model": "free", "user_config": {"model_list": [{"model_name": "free", "litellm_params": {
         "model": "hosted_vllm/fake-model"}}]}},
+    # The engine speaks OpenAI's API; the openai provider has no default upstream of this proxy's to fall back on.
+    {"model": "free", "user_config": {"model_list": [{"model_name": "free", "litellm_params": {
+        "model": "openai/fake-model", "litellm_credential_name": "engine-cred"}}]}},
+    {"model": "free", "user_config": {"default_litellm_params": {"litellm_credential_name": "engine-cred"},
+                                      "model_list": [{"model_name": "free", "litellm_params": {
+                                          "model": "openai/fake-model"}}]}},
 ], ids=["api_base", "base_url", "governed-name", "user_config", "user_config-defaults", "user_config-base_url",
-        "user_config-provider-default"])
+        "user_config-provider-default", "user_config-credential", "user_config-defaults-credential"])
 def test_a_client_chosen_upstream_never_reaches_a_governed_engine(stack: dict[str, Any], body: dict[str, Any]) -> None:
     body = _filled(body, stack["governed"])
     before = _received(stack["governed"])

@@ -223,3 +223,24 @@ async def test_names_a_client_sprays_do_not_hold_the_lookups_of_the_deployments(
             governed.resolve("qwen-dns")
     finally:
         release.set()
+
+
+def test_a_litellm_credential_s_upstream_counts_where_a_deployment_or_a_client_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment may name a LiteLLM credential instead of an api_base (LiteLLM merges its values into the call):
+    the deployment is placed at the credential's upstream, and a client's request or router naming the credential
+    names that upstream (an ``os.environ/`` value read as LiteLLM reads it)."""
+    from litellm.types.utils import CredentialItem
+
+    monkeypatch.setenv("ENGINE_URL", "http://10.0.0.9:8000/v1")
+    monkeypatch.setattr(litellm, "credential_list", [
+        CredentialItem(credential_name="engine", credential_values={"api_base": "http://10.0.0.1:8000/v1"},
+                       credential_info={}),
+        CredentialItem(credential_name="by-env", credential_values={"api_base": "os.environ/ENGINE_URL"},
+                       credential_info={})])
+    dep = {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/m", "litellm_credential_name": "engine"}}
+    assert litellm_data.deployment_target(dep).api_base == "http://10.0.0.1:8000/v1"
+    assert litellm_data.client_upstreams({"model": "x", "litellm_credential_name": "by-env"}) == [
+        "http://10.0.0.9:8000/v1"]
+    assert litellm_data.client_upstreams({"user_config": {"model_list": [dep]}}) == ["http://10.0.0.1:8000/v1"]
+    assert litellm_data.client_upstreams({"model": "x", "litellm_credential_name": "unknown"}) == []
