@@ -28,6 +28,24 @@ def _resolved(value: Any) -> Any:
     return value
 
 
+def _credentials(raw: Any) -> dict[str, dict[str, Any]]:
+    """LiteLLM's ``credential_list``: each credential's values by name (``os.environ/`` references resolved)."""
+    listed = raw.get("credential_list") if isinstance(raw, dict) else None
+    return {str(c["credential_name"]): {k: _resolved(v) for k, v in dict(c.get("credential_values") or {}).items()}
+            for c in listed or [] if isinstance(c, dict) and c.get("credential_name")}
+
+
+def _params(entry: dict[str, Any], credentials: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A ``model_list`` entry's ``litellm_params`` as LiteLLM calls it: references resolved, and the ``api_base`` of
+    the credential it names (``litellm_credential_name``) where it names none itself."""
+    params = {k: _resolved(v) for k, v in dict(entry.get("litellm_params") or {}).items()}
+    named = credentials.get(str(params.get("litellm_credential_name") or ""), {})
+    for key in ("api_base", "base_url"):
+        if not params.get("api_base") and named.get(key):
+            params["api_base"] = named[key]
+    return params
+
+
 @dataclass(slots=True)
 class KVGroupPlan:
     """One ``routing: kv`` group: its options and its deployments (``litellm_params`` values resolved)."""
@@ -63,8 +81,8 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
     models = raw.get("model_list") or [] if isinstance(raw, dict) else []
     if not isinstance(models, list):
         raise ConfigError(f"{p}: model_list is not a list")
-    entries = [{"model_name": str(e.get("model_name") or ""),
-                "litellm_params": {k: _resolved(v) for k, v in dict(e.get("litellm_params") or {}).items()}}
+    credentials = _credentials(raw)
+    entries = [{"model_name": str(e.get("model_name") or ""), "litellm_params": _params(e, credentials)}
                for e in models if isinstance(e, dict)]
     router = raw.get("router_settings") if isinstance(raw, dict) else None
     aliases = (router or {}).get("model_group_alias") if isinstance(router, dict) else None
@@ -79,7 +97,7 @@ def read_deployment(path: str | os.PathLike[str]) -> DeploymentPlan:
         for i, entry in enumerate(models):
             if not isinstance(entry, dict) or entry.get("model_name") != name:
                 continue
-            params = {k: _resolved(v) for k, v in dict(entry.get("litellm_params") or {}).items()}
+            params = _params(entry, credentials)
             if not params.get("api_base"):
                 continue
             info = dict(entry.get("model_info") or {})

@@ -316,6 +316,18 @@ def client_upstreams(data: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def with_upstream(deployment: dict[str, Any]) -> dict[str, Any]:
+    """``deployment`` with ``litellm_params.api_base`` filled in where it names none, as LiteLLM will call it
+    (:func:`deployment_target`: its ``base_url``, its LiteLLM credential's ``api_base``, or the provider's default),
+    so that code reading ``api_base`` (a KV-routed group's replicas) sees the engine the calls go to. A copy where
+    filled."""
+    params = deployment.get("litellm_params")
+    if not isinstance(params, Mapping) or params.get("api_base"):
+        return deployment
+    base = deployment_target(deployment).api_base
+    return {**deployment, "litellm_params": {**params, "api_base": base}} if base else deployment
+
+
 def _named_bases(place: Mapping[str, Any]) -> list[str]:
     """The upstreams ``place`` names: its ``api_base`` and ``base_url``, and those of a LiteLLM credential it names
     (``litellm_credential_name``, whose values LiteLLM merges into the call)."""

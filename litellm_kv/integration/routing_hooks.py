@@ -41,6 +41,7 @@ from litellm_kv.integration.litellm_data import (
     request_metadata,
     routed_call_id,
     usage_of,
+    with_upstream,
 )
 from litellm_kv.integration.vision_hooks import (
     VisionHandler,
@@ -187,7 +188,9 @@ class KVRoutingHandler(Handler):
         _register_admin_routes(self)
 
     def _group_deployments(self, group: str) -> list[dict[str, Any]]:
-        return [d for d in self._deployments() if d.get("model_name") == group]
+        """The group's deployments, each with the ``api_base`` its calls go to (from a LiteLLM credential it names,
+        where it names no ``api_base`` itself)."""
+        return [with_upstream(d) for d in self._deployments() if d.get("model_name") == group]
 
     async def shutdown(self) -> None:
         for g in self.groups.values():
@@ -273,7 +276,7 @@ class KVRoutingHandler(Handler):
             await g.sync(self._group_deployments(model_group) or deployments)
         by_replica: dict[str, dict[str, Any]] = {}
         for d in deployments:
-            api_base = (d.get("litellm_params") or {}).get("api_base")
+            api_base = (with_upstream(d).get("litellm_params") or {}).get("api_base")
             if api_base:
                 by_replica.setdefault(replica_id(api_base), d)
         if not by_replica:

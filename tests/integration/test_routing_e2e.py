@@ -465,3 +465,32 @@ def test_new_empty_replica_receives_traffic(engines: list[EngineReplica], engine
     finally:
         p.stop()
         newcomer.stop()
+
+
+def test_deployments_that_name_a_litellm_credential_are_routed_by_cache(
+        engines: list[EngineReplica], engine_model: Any) -> None:
+    """A deployment may name its engine through a LiteLLM credential (``litellm_credential_name``, an entry of
+    ``credential_list`` holding the ``api_base``) instead of an ``api_base`` of its own. The KV-routed group finds its
+    replicas there; before, it saw none and every request went by LiteLLM's routing."""
+    config = _config(engines, str(engine_model), groups=(KV,))
+    config["credential_list"] = [
+        {"credential_name": f"engine-{i}", "credential_info": {}, "credential_values": {"api_base": r.api_base}}
+        for i, r in enumerate(engines)]
+    for i, dep in enumerate(config["model_list"]):
+        dep["litellm_params"].pop("api_base")
+        dep["litellm_params"]["litellm_credential_name"] = f"engine-{i}"
+    p = start_proxy(config, name="routing-credentials")
+    try:
+        _reset(engines)
+        health = p.wait_kv_exact(KV, 60)
+        replicas = sorted(str(r.get("replica")) for r in health["replicas"])
+        assert len(replicas) == 2, health
+        msgs = [{"role": "system", "content": "credentialed engines " * 120}, {"role": "user", "content": "hi"}]
+        served = [_chat(p, KV, msgs) for _ in range(4)]
+        assert all(r.status_code == 200 for r in served), [r.text[:200] for r in served]
+        where = {r.headers.get("x-litellm-model-id") for r in served}
+        cached = [r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in served]
+        print(f"\ncredentialed replicas {replicas}: served by {where}, cached tokens {cached}")
+        assert len(where) == 1 and min(cached[1:]) > 0, (where, cached)
+    finally:
+        p.stop()
