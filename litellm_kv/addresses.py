@@ -69,12 +69,7 @@ def literal_address(host: str) -> IPAddress | None:
     return ip
 
 
-@functools.lru_cache(maxsize=1024)
-def is_this_host(ip: IPAddress) -> bool:
-    """Whether a connection to ``ip`` reaches this machine: loopback, unspecified, or an address a socket can
-    bind here (one of its interfaces')."""
-    if ip.is_loopback or ip.is_unspecified:
-        return True
+def _binds(ip: IPAddress) -> bool:
     family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -82,6 +77,22 @@ def is_this_host(ip: IPAddress) -> bool:
     except OSError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=2)
+def _binding_tells(version: int) -> bool:
+    """Whether a bind succeeding means the address is this machine's: not where any address binds
+    (``net.ipv4.ip_nonlocal_bind``), which a documentation address that no machine holds shows."""
+    return not _binds(ipaddress.ip_address("192.0.2.1" if version == 4 else "2001:db8::1"))
+
+
+@functools.lru_cache(maxsize=1024)
+def is_this_host(ip: IPAddress) -> bool:
+    """Whether a connection to ``ip`` reaches this machine: loopback, unspecified, or an address a socket can
+    bind here (one of its interfaces'; only loopback and unspecified where the system binds any address)."""
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    return _binding_tells(ip.version) and _binds(ip)
 
 
 def _canonical(ip: IPAddress, port: int) -> Server:

@@ -149,3 +149,17 @@ def test_literal_addresses_are_read_as_a_connection_reads_them() -> None:
     assert str(addresses.literal_address("0x7f000001")) == "127.0.0.1"
     assert addresses.literal_address("engine") is None
     assert addresses.literal_address("1.2.3.4.5") is None
+
+
+def test_where_the_system_binds_any_address_only_loopback_is_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``net.ipv4.ip_nonlocal_bind`` every bind succeeds, so binding tells nothing: other addresses stay
+    themselves rather than all becoming this machine (which would match unrelated servers on the same port)."""
+    monkeypatch.setattr(addresses, "_binds", lambda ip: True)
+    addresses.is_this_host.cache_clear()
+    addresses._binding_tells.cache_clear()
+    try:
+        assert server("http://10.9.9.9:8000") == Server("10.9.9.9", 8000)
+        assert server("http://127.0.0.1:8000") == Server(THIS_HOST, 8000)
+    finally:
+        addresses.is_this_host.cache_clear()
+        addresses._binding_tells.cache_clear()
