@@ -129,6 +129,15 @@ def _settle(done: asyncio.Future[list[Any]], infos: list[Any] | None, error: Exc
         done.set_result(infos or [])
 
 
+def same_server(a: str, b: str) -> bool:
+    """Whether URLs ``a`` and ``b`` connect to one server by :func:`server` (no I/O: ``localhost`` and ``127.0.0.1``
+    are one, DNS names as written); URLs it cannot read are compared as written."""
+    first, second = server(a), server(b)
+    if first is None or second is None:
+        return a.strip().rstrip("/") == b.strip().rstrip("/")
+    return first == second
+
+
 def _with_addresses(named: Server, addresses: frozenset[str]) -> frozenset[Server]:
     found = {named}
     for text in addresses:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
@@ -110,21 +110,15 @@ GOVERNED_SECTIONS = ("reasoning", "vision")
 ISOLATION = "cache isolation"
 
 
-def _server(api_base: str) -> addresses.Server | str:
-    """The server of ``api_base`` however its host is written (``localhost`` and ``127.0.0.1`` are one); a URL
-    :func:`addresses.server` cannot read is compared as written."""
-    found = addresses.server(api_base)
-    return found if found is not None else api_base.strip().rstrip("/")
-
-
-def same_engine(a: DeploymentTarget, b: DeploymentTarget) -> bool:
-    """Whether calls to ``a`` land on the engine ``b`` sends to: the same server (address however written, and
-    port) and the same upstream model, or any model when either is a vLLM deployment, since one vLLM server
-    answers every name it serves (``--served-model-name`` lists, LoRA adapters) on the same engine.
-    Without an api_base (a provider's default endpoint): the same provider and model."""
+def same_engine(a: DeploymentTarget, b: DeploymentTarget,
+                same_server: Callable[[str, str], bool] = addresses.same_server) -> bool:
+    """Whether calls to ``a`` land on the engine ``b`` sends to: the same server (``same_server``; by default the
+    address however written, and port) and the same upstream model, or any model when either is a vLLM deployment,
+    since one vLLM server answers every name it serves (``--served-model-name`` lists, LoRA adapters) on the same
+    engine. Without an api_base (a provider's default endpoint): the same provider and model."""
     if a.api_base is None or b.api_base is None:
         return a.api_base is None and b.api_base is None and (a.provider, a.model) == (b.provider, b.model)
-    if _server(a.api_base) != _server(b.api_base):
+    if not same_server(a.api_base, b.api_base):
         return False
     return a.vllm or b.vllm or a.model == b.model
 
@@ -249,29 +243,19 @@ class GroupNames:
             log.warning("litellm-kv: deployment %s cannot be resolved (%s); it is matched to governed engines by its "
                         "host name as written", url, error)
 
-    def _same_engine(self, a: DeploymentTarget, b: DeploymentTarget) -> bool:
-        """:func:`same_engine`, DNS names also matched by the addresses :meth:`prepare` resolved them to."""
-        if same_engine(a, b):
+    def _same_server(self, a: str, b: str) -> bool:
+        """:func:`addresses.same_server`, DNS names also matched by the addresses :meth:`prepare` last resolved
+        them to. Does no I/O."""
+        if addresses.same_server(a, b):
             return True
-        if a.api_base is None or b.api_base is None or not (a.vllm or b.vllm or a.model == b.model):
-            return False
-        first, second = self._resolver.known(a.api_base), self._resolver.known(b.api_base)
+        first, second = self._resolver.known(a), self._resolver.known(b)
         return first is not None and second is not None and bool(first & second)
 
     def groups_served_at(self, url: str) -> list[str]:
-        """The groups with limits that have a deployment on the server of ``url`` (its address however written,
-        and port; DNS names by the addresses they last resolved to, where :meth:`prepare` resolved them, else as
-        written). Does no I/O."""
-        server, known = _server(url), self._resolver.known(url)
-        found: set[str] = set()
-        for engine, group in self._governed_engines():
-            if engine.api_base is None or group in found:
-                continue
-            if _server(engine.api_base) == server:
-                found.add(group)
-            elif known is not None and known & (self._resolver.known(engine.api_base) or frozenset()):
-                found.add(group)  # DNS names resolved to one address (:meth:`prepare`)
-        return sorted(found)
+        """The groups with limits that have a deployment on the server of ``url`` (:meth:`_same_server`). Does no
+        I/O."""
+        return sorted({g for engine, g in self._governed_engines()
+                       if engine.api_base is not None and self._same_server(url, engine.api_base)})
 
     async def check_client_upstreams(self, urls: list[str]) -> None:
         """Refuse (400 ``governance.client_upstream``) a request whose client-chosen upstream (``api_base``,
@@ -379,7 +363,7 @@ class GroupNames:
         for dep in reached:
             target = litellm_data.deployment_target(dep)
             for engine, group in engines:
-                if group not in found and self._same_engine(target, engine):
+                if group not in found and same_engine(target, engine, self._same_server):
                     log.info("litellm-kv: %s reaches %s of governed group '%s'", target, engine, group)
                     found.add(group)
         return sorted(found)

@@ -355,15 +355,6 @@ def credential_bases(name: str) -> list[str]:
     return out
 
 
-def same_server(a: str, b: str) -> bool:
-    """Whether URLs ``a`` and ``b`` connect to one server, however their hosts are written (``localhost`` and
-    ``127.0.0.1`` are one); URLs :func:`addresses.server` cannot read are compared as written."""
-    first, second = addresses.server(a), addresses.server(b)
-    if first is None or second is None:
-        return a.strip().rstrip("/") == b.strip().rstrip("/")
-    return first == second
-
-
 def deployment_group(kwargs: Mapping[str, Any]) -> str | None:
     """The group (``model_name``) of the deployment a deployment-level call goes to, found by the deployment id
     the router writes at the call's top level (``model_info``). That id is the call's own, where the metadata's
@@ -385,7 +376,7 @@ def deployment_group(kwargs: Mapping[str, Any]) -> str | None:
     params = dep.get("litellm_params")
     configured = params.get("api_base") if isinstance(params, Mapping) else None
     called = kwargs.get("api_base")
-    if configured and called and not same_server(str(called), str(configured)):
+    if configured and called and not addresses.same_server(str(called), str(configured)):
         return None
     name = dep.get("model_name")
     return str(name) if name else None
