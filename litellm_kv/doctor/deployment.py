@@ -36,13 +36,14 @@ def _credentials(raw: Any) -> dict[str, dict[str, Any]]:
 
 
 def _params(entry: dict[str, Any], credentials: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A ``model_list`` entry's ``litellm_params`` as LiteLLM calls it: references resolved, and the ``api_base`` of
-    the credential it names (``litellm_credential_name``) where it names none itself."""
+    """A ``model_list`` entry's ``litellm_params`` as LiteLLM calls it: references resolved, and, where it names no
+    ``api_base``, its own ``base_url``, else the ``api_base`` or ``base_url`` of the credential it names
+    (``litellm_credential_name``), as the proxy places it."""
     params = {k: _resolved(v) for k, v in dict(entry.get("litellm_params") or {}).items()}
     named = credentials.get(str(params.get("litellm_credential_name") or ""), {})
-    for key in ("api_base", "base_url"):
-        if not params.get("api_base") and named.get(key):
-            params["api_base"] = named[key]
+    for place, key in ((params, "base_url"), (named, "api_base"), (named, "base_url")):
+        if not params.get("api_base") and isinstance(place.get(key), str) and place[key]:
+            params["api_base"] = place[key]
     return params
 
 

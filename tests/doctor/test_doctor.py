@@ -251,17 +251,21 @@ async def test_a_second_name_over_another_dns_name_of_a_guarded_engine_is_named(
 def test_a_deployment_that_names_a_litellm_credential_is_read_at_the_credential_s_api_base(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A KV-routed group whose deployments name their engines through LiteLLM credentials (``credential_list``,
-    ``litellm_credential_name``, an ``os.environ/`` value resolved) has its replicas there, as the proxy finds them."""
+    ``litellm_credential_name``, an ``os.environ/`` value resolved) has its replicas there, and one that also names a
+    ``base_url`` of its own at that, as the proxy finds them."""
     monkeypatch.setenv("ENGINE_B", "http://10.0.0.2:8000/v1")
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "credential_list": [
             {"credential_name": "a", "credential_values": {"api_base": "http://10.0.0.1:8000/v1"}},
             {"credential_name": "b", "credential_values": {"api_base": "os.environ/ENGINE_B"}}],
-        "model_list": [{"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/q",
-                                                                 "litellm_credential_name": c}} for c in ("a", "b")],
+        "model_list": [*({"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/q",
+                                                                   "litellm_credential_name": c}} for c in ("a", "b")),
+                       {"model_name": "qwen", "litellm_params": {"model": "hosted_vllm/q",
+                                                                 "base_url": "http://10.0.0.3:8000/v1",
+                                                                 "litellm_credential_name": "a"}}],
         "litellm_kv": {"model_groups": {"qwen": {"routing": "kv"}}},
     }))
     plan = read_deployment(path)
     assert plan.unrouted == [] and [g.replicas() for g in plan.groups] == [
-        ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]]
+        ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]]
