@@ -272,8 +272,10 @@ def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
 
 
 def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis: dict[str, Any] | None,
-                 tokenizer: str = "auto", report_mode_full: bool = True) -> dict[str, Any]:
-    """``redis``: the ``litellm_kv.redis`` section (``{"url": ...}`` or ``{"cluster_nodes": [...]}``)."""
+                 tokenizer: str = "auto", report_mode_full: bool = True,
+                 kv_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``redis``: the ``litellm_kv.redis`` section (``{"url": ...}`` or ``{"cluster_nodes": [...]}``);
+    ``kv_options``: more of the KV group's ``kv`` options."""
     model_list = []
     for group in (KV, DEFAULT):
         for i, r in enumerate(engines):
@@ -284,7 +286,7 @@ def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis:
             })
     section: dict[str, Any] = {"mode": mode, "model_groups": {
         KV: {"routing": "kv", "kv": {"tokenizer_path": model_dir, "tokenizer": tokenizer, "scrape_interval_s": 1.0,
-                                     "report_mode_full": report_mode_full}},
+                                     "report_mode_full": report_mode_full, **(kv_options or {})}},
     }}
     if redis:
         section["redis"] = redis
@@ -439,7 +441,8 @@ def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argp
         proxies: list[Proxy] = []
         for p in range(args.proxies if mode == "cluster" else 1):
             proxy = start_proxy(proxy_config(engines, model_dir, "embedded" if mode == "embedded" else "shared",
-                                             redis, args.tokenizer, not args.no_report_mode_full),
+                                             redis, args.tokenizer, not args.no_report_mode_full,
+                                             dict(args.kv_option)),
                                 name=f"bench-proxy-{mode}-{p}")
             stack.callback(proxy.stop)
             proxies.append(proxy)
@@ -554,6 +557,17 @@ def per_proxy_report(results: list[CellResult]) -> list[str]:
     return out
 
 
+def kv_option(text: str) -> tuple[str, Any]:
+    """``NAME=JSON`` of ``--kv-option``: the value read as JSON (``0``, ``true``, ``"engine"``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: the value is not JSON: {exc}") from exc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=60, help="requests per group per cell")
@@ -572,6 +586,8 @@ def main() -> int:
                     help="the KV group's tokenizer option (auto: the local tokenizer, verified at start-up)")
     ap.add_argument("--no-report-mode-full", action="store_true",
                     help="do not inject vllm_xargs.kv_cache_report_mode=full (isolates re-announcement cost)")
+    ap.add_argument("--kv-option", action="append", default=[], type=kv_option, metavar="NAME=JSON",
+                    help="one more option of the KV group's kv section, e.g. lookup_probe_blocks=0 (repeatable)")
     ap.add_argument("--json", default=None, help="also write the raw latencies here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
