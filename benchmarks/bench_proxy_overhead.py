@@ -587,7 +587,7 @@ def main() -> int:
     ap.add_argument("--no-report-mode-full", action="store_true",
                     help="do not inject vllm_xargs.kv_cache_report_mode=full (isolates re-announcement cost)")
     ap.add_argument("--kv-option", action="append", default=[], type=kv_option, metavar="NAME=JSON",
-                    help="one more option of the KV group's kv section, e.g. lookup_probe_blocks=0 (repeatable)")
+                    help="one more option of the KV group's kv section, e.g. scrape_interval_s=2 (repeatable)")
     ap.add_argument("--json", default=None, help="also write the raw latencies here")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
