@@ -269,26 +269,35 @@ def test_the_dashboard_queries_answer_on_a_real_prometheus(proxy: Proxy, engines
 
 
 def test_hot_prefix_spreads_under_load(proxy: Proxy) -> None:
-    """One hot prefix at high concurrency: once the holder is loaded, the other replica gets work."""
+    """One hot prefix at high concurrency: once the holder is loaded, the other replica gets work. Each request
+    decodes long enough (96 tokens) that the 24 are in flight together however fast the machine: with 24 tokens a
+    CI run had the first ones finish before the last were routed, the holder never reached the hold's bound on
+    requests in flight, and all 24 stayed there, as the hold intends for a holder that is not loaded."""
     system = "You are the hot assistant. " + " ".join(f"rule{i} must be followed carefully" for i in range(120))
+
+    def hold_outcomes() -> dict[str, float]:
+        return proxy.metric_by("litellm_kv_routing_prefix_hold_total", "outcome", model_group=KV)
 
     async def run() -> dict[str, int]:
         counts: dict[str, int] = {}
         async with httpx.AsyncClient(timeout=120) as c:
             async def one(i: int) -> None:
-                body = {"model": KV, "max_tokens": 24, "temperature": 0, "messages": [
+                body = {"model": KV, "max_tokens": 96, "temperature": 0, "ignore_eos": True, "messages": [
                     {"role": "system", "content": system}, {"role": "user", "content": f"question {i} " * 20}]}
                 r = await c.post(f"{proxy.url}/v1/chat/completions", json=body, headers=HEADERS)
                 assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] == 96  # ignore_eos reached the engine
                 dep = r.headers.get("x-litellm-model-id", "")
                 counts[dep] = counts.get(dep, 0) + 1
 
             await asyncio.gather(*(one(i) for i in range(24)))
         return counts
 
+    before = hold_outcomes()
     counts = asyncio.run(run())
-    print(f"\nhot prefix, 24 concurrent requests: {counts}")
-    assert len(counts) == 2 and min(counts.values()) >= 3, counts
+    held = {k: v - before.get(k, 0.0) for k, v in hold_outcomes().items()}
+    print(f"\nhot prefix, 24 concurrent requests: {counts}; the hold's outcomes: {held}")
+    assert len(counts) == 2 and min(counts.values()) >= 3, (counts, held)
 
 
 def _cache_blocks_on(replica: EngineReplica, text: str, requests: int) -> None:
