@@ -13,6 +13,8 @@ What the subscriber guarantees:
   (contract §9); it is recognised by ``seq`` going back, or on reconnect by the replay socket no
   longer holding our last batch with the same timestamp.
 * **Duplicates** (batches seen live and in a replay) are dropped by ``(seq, ts)``.
+* **Whole streams** (:attr:`SubscriberStats.complete`): followed from the engine's first batch or its
+  last ``AllBlocksCleared``, with nothing lost or skipped; the router then stops asking for re-announcements.
 * **Re-announcements**: with ``kv_cache_report_mode: "full"`` the engine re-emits
   ``BlockStored`` (parent None, from block 0) for prefix-cache hits. Those are not new copies;
   counting them would inflate reference counts and over-predict after eviction. A parent-None
@@ -109,6 +111,11 @@ class SubscriberStats:
     reannounced: int = 0
     errors: int = 0
     last_applied_monotonic: float = 0.0
+    #: The index holds every block this engine reported since it started or last cleared its cache: the stream
+    #: was followed from its first batch (seq 0) or an AllBlocksCleared, with no batch lost and no store skipped.
+    #: False, blocks the engine holds may be missing, and only its re-announcements of hits
+    #: (``kv_cache_report_mode: "full"``) bring them back.
+    complete: bool = False
 
 
 class KVEventSubscriber:
@@ -288,6 +295,7 @@ class KVEventSubscriber:
                 if self._next > 0 or await self.index.size(self.group):
                     await self._purge(f"batches {self._next}..{seq - 1} lost")
                 self._next = seq
+                self._stats.complete = False  # the engine may hold blocks stored before this batch
         await self._apply(seq, batch)
 
     def _decode(self, payload: bytes) -> EventBatch | None:
@@ -363,6 +371,7 @@ class KVEventSubscriber:
         dropped = await self.index.purge_replica(self.group, self.replica)
         self._next = 0
         self._recent.clear()
+        self._stats.complete = False
         self._stats.purges += 1
         self._m["purges"].inc()
         log.info("litellm-kv: %s/%s purged (%d entries): %s", self.group, self.replica, dropped, why)
@@ -370,6 +379,8 @@ class KVEventSubscriber:
             self.on_purge()
 
     async def _apply(self, seq: int, batch: EventBatch | None) -> None:
+        if seq == 0 and self._next == 0:
+            self._stats.complete = True  # the engine's first batch, onto an index that holds nothing of it
         self._next = seq + 1
         if batch is None:
             # Undecodable payload (counted): a removal may be among its events, so what the index holds for
@@ -385,7 +396,8 @@ class KVEventSubscriber:
             if isinstance(ev, MalformedEvent):
                 self._malformed(f"event in batch {seq}: {ev.error}")
                 if not ev.may_remove:
-                    continue  # a lost store only under-predicts
+                    self._stats.complete = False  # a lost store only under-predicts, until re-announced
+                    continue
                 await self._flush(pending)
                 await self._purge(f"a malformed event in batch {seq} may have removed blocks")
                 self._next = seq + 1
@@ -394,6 +406,7 @@ class KVEventSubscriber:
                 await self._flush(pending)
                 await self._purge("AllBlocksCleared")
                 self._next = seq + 1
+                self._stats.complete = True  # the engine holds nothing from before this event either
                 continue
             if isinstance(ev, BlockStored):
                 if self.on_block_stored is not None:
@@ -438,8 +451,14 @@ class ReplicaSubscribers:
         self.subscribers = list(subscribers)
         self.checker = checker
 
+    @property
+    def complete(self) -> bool:
+        """Every rank's stream followed whole (:attr:`SubscriberStats.complete`)."""
+        return all(s.stats.complete for s in self.subscribers)
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "complete": self.complete,
             "ranks": [
                 {"replica": s.replica, "endpoint": s.endpoint, **asdict(s.stats)} for s in self.subscribers
             ]

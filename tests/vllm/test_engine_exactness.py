@@ -21,7 +21,8 @@ import pytest
 from litellm_kv.index.memory import InMemoryIndex
 from litellm_kv.vllm.engine import EngineClient
 from litellm_kv.vllm.hashing import BlockHasher, predicted_hit_tokens
-from litellm_kv.vllm.subscriber import ReplicaSubscribers, start_replica_subscribers
+from litellm_kv.vllm.subscriber import KVEventSubscriber, ReplicaSubscribers, start_replica_subscribers
+from litellm_kv.vllm.wire import connectable
 from tools.harness.engines import SERVED_NAME, EngineReplica
 
 pytestmark = [pytest.mark.engine]
@@ -60,12 +61,13 @@ class Fleet:
             for s in rs.subscribers:
                 assert await s.wait_settled(quiet_s=0.15, timeout_s=15), s.stats
 
-    async def chat(self, i: int, messages: list[dict[str, Any]], max_tokens: int = 8) -> dict[str, Any]:
+    async def chat(self, i: int, messages: list[dict[str, Any]], max_tokens: int = 8,
+                   report_mode: str = "full") -> dict[str, Any]:
         resp = await self.http.post(
             self.engines[i].url + "/v1/chat/completions",
             json={
                 "model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens,
-                "vllm_xargs": {"kv_cache_report_mode": "full"},
+                "vllm_xargs": {"kv_cache_report_mode": report_mode},
             },
         )
         assert resp.status_code == 200, resp.text
@@ -205,6 +207,53 @@ async def test_late_subscriber_catches_up_through_replay(fleet: Fleet, engines: 
             assert live and late.index.snapshot(GROUP, rid) == live
     finally:
         await close_fleet(late)
+
+
+async def test_a_subscriber_that_missed_the_start_learns_held_blocks_only_from_reannounced_hits(
+    fleet: Fleet, engines: list[EngineReplica]
+) -> None:
+    """What ``report_mode_full: "auto"`` rests on, on a real engine. A subscriber that joined after the engine
+    stored a prompt's blocks (no replay socket here, so nothing brings them back) is not complete and does not
+    predict them. A hit in vLLM's default incremental mode teaches it nothing of the prompt; a hit in full mode
+    re-announces the chain, and the subscriber then predicts exactly what the engine hit."""
+    rng = random.Random(13)
+    messages = [{"role": "user", "content": text(rng, 300)}]
+    await fleet.chat(0, messages, report_mode="incremental")
+    await fleet.settle()
+    src = (await fleet.clients[0].kv_event_sources())[0]
+    index = InMemoryIndex()
+    late = KVEventSubscriber(group=GROUP, replica=fleet.rid(0), index=index,
+                             endpoint=connectable(src.endpoint, engines[0].url), replay_endpoint=None, topic=src.topic)
+    late.start()
+    try:
+        for _ in range(100):
+            if late.stats.connected:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the subscription reaches the engine's PUB (slow joiner)
+        tokens = await fleet.clients[0].tokenize_chat(messages)
+        hashes = fleet.hasher.wire_hashes(tokens)
+
+        async def known_blocks() -> int:
+            m = (await index.lookup(GROUP, hashes, [fleet.rid(0)])).get(fleet.rid(0))
+            return m.blocks if m else 0
+
+        quiet = await fleet.chat(0, messages, report_mode="incremental")
+        assert quiet["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        await late.wait_settled(quiet_s=0.3, timeout_s=10)
+        assert await known_blocks() == 0
+        assert not late.stats.complete, late.stats
+
+        loud = await fleet.chat(0, messages, report_mode="full")
+        hit = int(loud["usage"]["prompt_tokens_details"]["cached_tokens"])
+        for _ in range(100):
+            if await known_blocks():
+                break
+            await asyncio.sleep(0.05)
+        assert hit > 0 and await known_blocks() * fleet.hasher.block_size == hit, (hit, late.stats)
+        assert not late.stats.complete  # other blocks from before it joined may still be missing
+    finally:
+        await late.stop()
 
 
 async def test_restarted_replica_is_purged(fleet: Fleet, engines: list[EngineReplica]) -> None:

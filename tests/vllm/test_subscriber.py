@@ -147,6 +147,7 @@ async def test_gap_is_filled_from_replay(setup: tuple[FakePublisher, KVEventSubs
     assert sub.stats.gaps == 1 and 1 in pub.replay_requests
     assert await index.lookup(G, [1, 2, 3, 4]) == {R: ReplicaMatch(gpu=4)}
     assert sub.stats.duplicates == 0 and sub.stats.purges == 0
+    assert sub.stats.complete  # followed from seq 0, the gap filled: nothing missed
 
 
 async def test_lost_batches_purge_the_replica(setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex]) -> None:
@@ -161,6 +162,7 @@ async def test_lost_batches_purge_the_replica(setup: tuple[FakePublisher, KVEven
     assert sub.stats.purges == 1
     assert await index.lookup(G, [1, 2, 3]) == {}
     assert await index.lookup(G, [9]) == {R: ReplicaMatch(gpu=1)}
+    assert not sub.stats.complete  # blocks 1-2 may still be held: only re-announcements bring them back
 
 
 async def test_malformed_frames_are_counted_and_skipped(
@@ -187,6 +189,7 @@ async def test_index_exactness_keeps_the_valid_events_of_a_batch_with_a_malforme
     await until(lambda: sub.stats.last_seq == 0)
     assert sub.stats.malformed == 1 and sub.stats.purges == 0
     assert await index.lookup(G, [1, 2, 3]) == {R: ReplicaMatch(gpu=3)}
+    assert not sub.stats.complete  # the skipped store's blocks are held and not indexed
 
 
 async def test_index_exactness_purges_at_a_malformed_removal_and_keeps_what_follows(
@@ -201,6 +204,7 @@ async def test_index_exactness_purges_at_a_malformed_removal_and_keeps_what_foll
     assert sub.stats.malformed == 1 and sub.stats.purges == 1
     assert await index.lookup(G, [1, 2, 3, 4]) == {}
     assert await index.lookup(G, [9]) == {R: ReplicaMatch(gpu=1)}
+    assert not sub.stats.complete
 
 
 async def test_index_exactness_purges_on_a_batch_that_cannot_be_decoded(
@@ -214,6 +218,7 @@ async def test_index_exactness_purges_on_a_batch_that_cannot_be_decoded(
     assert sub.stats.purges == 1 and sub.stats.gaps == 0
     assert await index.lookup(G, [1, 2]) == {}
     assert await index.lookup(G, [5]) == {R: ReplicaMatch(gpu=1)}
+    assert not sub.stats.complete
 
 
 async def test_seq_going_back_is_a_restart(setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex]) -> None:
@@ -226,6 +231,7 @@ async def test_seq_going_back_is_a_restart(setup: tuple[FakePublisher, KVEventSu
     await until(lambda: sub.stats.purges == 1 and sub.stats.last_seq == 0)
     assert await index.size(G) == 1
     assert await index.lookup(G, [77]) == {R: ReplicaMatch(gpu=1)}
+    assert sub.stats.complete  # the new engine's stream from its first batch
 
 
 async def test_all_blocks_cleared_purges(setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex]) -> None:
@@ -237,6 +243,7 @@ async def test_all_blocks_cleared_purges(setup: tuple[FakePublisher, KVEventSubs
     await until(lambda: sub.stats.last_seq == 1)
     assert sub.stats.purges == 1 and told == [1]
     assert await index.lookup(G, [1]) == {} and await index.lookup(G, [8]) == {R: ReplicaMatch(gpu=1)}
+    assert sub.stats.complete  # the engine holds nothing from before the clear either
 
 
 async def test_reannouncement_not_counted_twice(
@@ -251,6 +258,46 @@ async def test_reannouncement_not_counted_twice(
     await until(lambda: sub.stats.last_seq == 3)
     assert sub.stats.reannounced == 1
     assert index.count(G, R, 1) == 0 and index.count(G, R, 2) == 1 and index.count(G, R, 3) == 1
+    assert sub.stats.complete
+
+
+async def test_stream_is_complete_only_from_the_engines_first_batch(
+    setup: tuple[FakePublisher, KVEventSubscriber, InMemoryIndex],
+) -> None:
+    pub, sub, _ = setup
+    assert not sub.stats.complete  # nothing heard yet: the engine may hold blocks from before we connected
+    await pub.publish(batch(stored([1, 2])))
+    await until(lambda: sub.stats.last_seq == 0)
+    assert sub.stats.complete
+
+
+async def test_a_late_subscriber_whose_replay_no_longer_reaches_back_is_not_complete() -> None:
+    """The engine's ring moved on before the subscriber started: blocks 1-2 are held and never announced to it, and
+    only a re-announced hit (kv_cache_report_mode=full) can teach them."""
+    ctx = zmq.asyncio.Context()
+    endpoint = f"ipc://{tempfile.gettempdir()}/litellm-kv-subtest-{os.getpid()}-{time.monotonic_ns()}.sock"
+    pub = FakePublisher(ctx, endpoint)
+    index = InMemoryIndex()
+    await pub.publish(batch(stored([1, 2])))
+    await pub.publish(batch(stored([3])))
+    del pub.ring[0]  # the ring no longer holds the first batch
+    sub = KVEventSubscriber(group=G, replica=R, index=index, endpoint=endpoint,
+                            replay_endpoint=pub.replay_endpoint, topic=TOPIC, context=ctx, replay_timeout_s=2)
+    sub.start()
+    try:
+        await until(lambda: sub.stats.last_seq == 1)
+        assert not sub.stats.complete
+        assert await index.lookup(G, [1, 2]) == {}
+        await asyncio.sleep(0.2)  # let the subscription reach the PUB (slow joiner)
+        await pub.publish(batch(stored([1, 2])))  # a hit on 1-2, re-announced
+        await until(lambda: sub.stats.last_seq == 2)
+        assert await index.lookup(G, [1, 2]) == {R: ReplicaMatch(gpu=2)}
+        assert sub.stats.reannounced == 0  # not held before: learnt, not skipped
+        assert not sub.stats.complete  # other blocks from before may still be missing
+    finally:
+        await sub.stop()
+        await pub.close()
+        ctx.term()
 
 
 async def test_bind_mode_engine_connects() -> None:
