@@ -117,7 +117,10 @@ class ApplyResult:
     reannounced: int = 0  # root stores skipped because the replica already held their chain
 
 
-CLEAR = "C"  # marker in an op list: AllBlocksCleared
+CLEAR = "C"  # marker in an op list: AllBlocksCleared (the engine holds nothing from before)
+LOST = "L"  # marker: events lost (an undecodable batch, an unreadable removal): purge, and the stream is not whole
+SKIPPED = "S"  # marker: a store was skipped (unreadable): the stream is not whole
+_MARKERS = (CLEAR, LOST, SKIPPED)
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,7 +137,7 @@ class RootStored:
     op: BlockOp
 
 
-ApplyOp = BlockOp | RootStored | str  # str: the CLEAR marker
+ApplyOp = BlockOp | RootStored | str  # str: a marker (CLEAR, LOST, SKIPPED)
 
 
 @dataclass(slots=True, frozen=True)
@@ -199,12 +202,12 @@ def _encode_ops(ops: Iterable[ApplyOp]) -> tuple[list[bytes | str], int]:
     n = 0
     for item in ops:
         if isinstance(item, str):
-            if item != CLEAR:
+            if item not in _MARKERS:
                 raise ValueError(f"unknown op marker {item!r}")
             if head is not None:
                 args += (head, _pack(run))
                 head = None
-            args.append(CLEAR)
+            args.append(item)
             continue
         root = isinstance(item, RootStored)
         op = item.op if isinstance(item, RootStored) else item
@@ -510,8 +513,16 @@ class RedisIndex:
         raw = await self.client.hget(self._k(group).streams, stream)
         if raw is None:
             return None
-        seq, ts = _text(raw).split("|", 1)
+        seq, ts = _text(raw).split("|")[:2]
         return int(seq), float(ts)
+
+    async def whole_streams(self, group: str) -> dict[str, bool]:
+        """Per event stream of ``group``, whether the indexers followed it whole: from the engine's first batch or
+        its last AllBlocksCleared, with no batch lost and no store skipped (the apply script's ``|w`` mark), so
+        the index holds every block that engine reported."""
+        self.round_trips += 1
+        raw = await self.client.hgetall(self._k(group).streams)  # type: ignore[misc]
+        return {_text(k): _text(v).endswith("|w") for k, v in raw.items()}
 
     async def _groups(self) -> list[str]:
         self.round_trips += 1

@@ -17,6 +17,8 @@ from redis.crc import key_slot
 from litellm_kv.index.base import BlockOp, ReplicaMatch, Tier
 from litellm_kv.index.redis import (
     CLEAR,
+    LOST,
+    SKIPPED,
     ApplyOp,
     ApplyStatus,
     BatchOps,
@@ -269,6 +271,38 @@ async def test_two_writers_apply_each_batch_once(server: RedisServer) -> None:
     finally:
         await one.close()
         await two.close()
+
+
+async def test_a_stream_is_whole_only_while_followed_from_the_engines_first_batch(index: RedisIndex) -> None:
+    """The apply script marks a stream whole (the proxies then stop asking the engines to re-announce their hits)
+    from the engine's first batch or an AllBlocksCleared, and unmarks it at anything that may leave a held block
+    out of the index: lost batches, a lost batch's events, a skipped store."""
+    async def whole() -> dict[str, bool]:
+        return await index.whole_streams(G)
+
+    await index.apply_batch(G, "a", [stored(1)], stream="a#0", seq=0, ts=1.0)
+    await index.apply_batch(G, "a", [stored(2)], stream="a#0", seq=1, ts=1.1)
+    assert await whole() == {"a#0": True}
+    assert await index.stream_state(G, "a#0") == (1, 1.1)  # the mark does not disturb the position
+    dup = await index.apply_batch(G, "a", [stored(2)], stream="a#0", seq=1, ts=1.1)
+    assert dup.status is ApplyStatus.DUPLICATE and await whole() == {"a#0": True}
+    await index.apply_batch(G, "a", [stored(3), SKIPPED], stream="a#0", seq=2, ts=1.2)
+    assert await whole() == {"a#0": False}
+    await index.apply_batch(G, "a", [CLEAR, stored(4)], stream="a#0", seq=3, ts=1.3)
+    assert await whole() == {"a#0": True}  # the engine holds nothing from before the clear
+    await index.apply_batch(G, "a", [LOST], stream="a#0", seq=4, ts=1.4)
+    assert await whole() == {"a#0": False}
+    assert await index.lookup(G, [4]) == {}  # LOST purges, as CLEAR does
+    # An engine restart: its first batch again.
+    restart = await index.apply_batch(G, "a", [stored(5)], stream="a#0", seq=0, ts=2.0)
+    assert restart.status is ApplyStatus.RESTART and await whole() == {"a#0": True}
+    # Batches lost for good: applied with force, the replica re-learnt from there, and not whole.
+    await index.apply_batch(G, "a", [stored(6)], stream="a#0", seq=9, ts=2.9, force=True)
+    assert await whole() == {"a#0": False}
+    # A stream first heard after its start (the replay no longer reaches back) is not whole.
+    await index.apply_batch(G, "b", [stored(7)], stream="b#0", seq=3, ts=3.0, force=True)
+    assert (await whole())["b#0"] is False
+    assert await index.stream_state(G, "b#0") == (3, 3.0)
 
 
 def _random_ops(rng: random.Random, universe: list[int]) -> list[ApplyOp]:

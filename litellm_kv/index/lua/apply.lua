@@ -2,9 +2,9 @@
 -- call per batch would do, in one round trip.
 -- KEYS: blocks, ids, names, streams, retired (one group's keys: one Redis Cluster slot)
 -- ARGV: rev_prefix, replica, then per batch: stream, seq, ts, force, n, and its n op arguments:
---   'C' (all blocks cleared) | 'o<delta>,<tier>' or 'r<delta>,<tier>' (a root store: skipped when the
---   replica already holds the whole chain on that tier), followed by its hashes packed (8 bytes each,
---   big-endian)
+--   'C' (all blocks cleared) | 'L' (events lost: purge) | 'S' (a store skipped) | 'o<delta>,<tier>' or
+--   'r<delta>,<tier>' (a root store: skipped when the replica already holds the whole chain on that tier),
+--   followed by its hashes packed (8 bytes each, big-endian)
 -- Returns per batch status, last_seq, touched, purged, reannounced (5 values each, batches in order);
 -- status: applied | duplicate | gap | restart
 --
@@ -120,16 +120,22 @@ local function purge()
   return n
 end
 
+-- A stream's state is '<last seq>|<its ts>', with '|w' after it while the stream is whole: followed from the
+-- engine's first batch or its last AllBlocksCleared, no batch lost and no store skipped, so the index holds
+-- every block the engine reported. Not whole, only re-announced hits teach what the index missed.
 local function apply_batch(stream, seq, ts_text, force, first, stop)
   local ts = tonumber(ts_text)
   local status, purged = 'applied', 0
   local last = -1
+  local whole = false
   if seq >= 0 then
     local st = redis.call('HGET', streams, stream)
     if st then
       local sep = string.find(st, '|', 1, true)
+      local sep2 = string.find(st, '|', sep + 1, true)
       last = tonumber(string.sub(st, 1, sep - 1))
-      local last_ts = tonumber(string.sub(st, sep + 1))
+      local last_ts = tonumber(string.sub(st, sep + 1, sep2 and sep2 - 1 or -1))
+      whole = sep2 ~= nil and string.sub(st, sep2 + 1) == 'w'
       if seq <= last then
         if ts <= last_ts then return {'duplicate', last, 0, 0, 0} end
         -- Lower seq, newer time: the engine restarted; its old blocks are gone.
@@ -150,14 +156,21 @@ local function apply_batch(stream, seq, ts_text, force, first, stop)
       -- The missing batches are gone: forget what we knew and re-learn from here.
       purged = purged + purge()
       status = 'restart'
+      whole = false
+    elseif seq == 0 and last == -1 then
+      whole = true  -- the engine's first batch
     end
-    redis.call('HSET', streams, stream, seq .. '|' .. ts_text)
   end
   local touched, reannounced = 0, 0
   local i = first
   while i <= stop do
-    if ARGV[i] == 'C' then
+    local mark = ARGV[i]
+    if mark == 'C' or mark == 'L' then
       purged = purged + purge()
+      whole = mark == 'C'  -- after AllBlocksCleared the engine holds nothing from before either
+      i = i + 1
+    elseif mark == 'S' then
+      whole = false
       i = i + 1
     else
       local kind, d, t = string.match(ARGV[i], '^([or])(-?%d+),(%d+)$')
@@ -173,7 +186,10 @@ local function apply_batch(stream, seq, ts_text, force, first, stop)
       i = i + 2
     end
   end
-  if seq >= 0 then last = seq end
+  if seq >= 0 then
+    last = seq
+    redis.call('HSET', streams, stream, seq .. '|' .. ts_text .. (whole and '|w' or ''))
+  end
   return {status, last, touched, purged, reannounced}
 end
 

@@ -42,7 +42,17 @@ import zmq
 import zmq.asyncio
 from redis.exceptions import RedisError
 
-from litellm_kv.index.redis import CLEAR, ApplyOp, ApplyResult, ApplyStatus, BatchOps, RedisIndex, RootStored
+from litellm_kv.index.redis import (
+    CLEAR,
+    LOST,
+    SKIPPED,
+    ApplyOp,
+    ApplyResult,
+    ApplyStatus,
+    BatchOps,
+    RedisIndex,
+    RootStored,
+)
 from litellm_kv.observability import counter, gauge
 from litellm_kv.tasks import cancel_and_wait
 from litellm_kv.vllm.events import (
@@ -329,7 +339,7 @@ class EventStream:
                 self.stats.bad_payloads += 1
                 self.stats.last_error = f"bad payload at seq {seq}: {exc}"
                 BATCHES.labels(*self._labels, "bad").inc()
-                specs.append(BatchOps([CLEAR], self.stats.stream, seq, 0.0, force))
+                specs.append(BatchOps([LOST], self.stats.stream, seq, 0.0, force))
                 decoded.append(None)
                 continue
             specs.append(BatchOps(self._ops(seq, batch), self.stats.stream, seq, batch.ts, force))
@@ -349,8 +359,9 @@ class EventStream:
             if isinstance(ev, MalformedEvent):
                 self.stats.bad_events += 1
                 self.stats.last_error = f"bad event at seq {seq}: {ev.error}"
-                if ev.may_remove:
-                    ops.append(CLEAR)  # a lost removal would over-predict: re-learn the replica from here
+                # A lost removal would over-predict: re-learn the replica from here. A lost store only
+                # under-predicts, until the engine re-announces it.
+                ops.append(LOST if ev.may_remove else SKIPPED)
                 continue
             if isinstance(ev, AllBlocksCleared):
                 ops.append(CLEAR)
