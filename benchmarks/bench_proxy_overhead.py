@@ -272,7 +272,7 @@ def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
 
 
 def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis: dict[str, Any] | None,
-                 tokenizer: str = "auto", report_mode_full: bool = True,
+                 tokenizer: str = "auto", report_mode_full: bool | str = "auto",
                  kv_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``redis``: the ``litellm_kv.redis`` section (``{"url": ...}`` or ``{"cluster_nodes": [...]}``);
     ``kv_options``: more of the KV group's ``kv`` options."""
@@ -441,7 +441,7 @@ def run_mode(mode: str, engines: list[EngineReplica], model_dir: str, args: argp
         proxies: list[Proxy] = []
         for p in range(args.proxies if mode == "cluster" else 1):
             proxy = start_proxy(proxy_config(engines, model_dir, "embedded" if mode == "embedded" else "shared",
-                                             redis, args.tokenizer, not args.no_report_mode_full,
+                                             redis, args.tokenizer, False if args.no_report_mode_full else "auto",
                                              dict(args.kv_option)),
                                 name=f"bench-proxy-{mode}-{p}")
             stack.callback(proxy.stop)
@@ -585,7 +585,8 @@ def main() -> int:
     ap.add_argument("--tokenizer", choices=["auto", "engine"], default="auto",
                     help="the KV group's tokenizer option (auto: the local tokenizer, verified at start-up)")
     ap.add_argument("--no-report-mode-full", action="store_true",
-                    help="do not inject vllm_xargs.kv_cache_report_mode=full (isolates re-announcement cost)")
+                    help="kv.report_mode_full false: never ask for re-announcements (default: the product's 'auto'; "
+                         "--kv-option report_mode_full=true asks on every request)")
     ap.add_argument("--kv-option", action="append", default=[], type=kv_option, metavar="NAME=JSON",
                     help="one more option of the KV group's kv section, e.g. scrape_interval_s=2 (repeatable)")
     ap.add_argument("--json", default=None, help="also write the raw latencies here")

@@ -8,7 +8,8 @@ plain values and apply its result. Hook by hook:
 * ``filter_deployments``: the group decides (exact tokens → block hashes → one index lookup → cost) and
   the chosen replica's deployment is returned. Any internal failure → load-only choice and a metric; the
   request never fails because of us.
-* ``pre_deployment``: ``vllm_xargs.kv_cache_report_mode = "full"``.
+* ``pre_deployment``: ``vllm_xargs.kv_cache_report_mode = "full"`` while the index may lack blocks
+  (``kv.report_mode_full``, :meth:`Fleet.reannounce_requested`).
 * ``post_success_deployment`` / streamed usage: predicted vs engine-reported ``cached_tokens``
   (the verification metric), release of the in-flight load.
 """
@@ -343,6 +344,9 @@ class KVRoutingHandler(Handler):
             ISOLATED_LATE.labels(group).inc()
         opts = self.options.get(group) if group else None
         if opts is None or not opts.report_mode_full:
+            return
+        g = self.groups.get(group) if group else None
+        if g is not None and not g.fleet.reannounce_requested():
             return
         xargs = dict(kwargs.get("vllm_xargs") or {})
         xargs["kv_cache_report_mode"] = "full"

@@ -35,6 +35,12 @@ GROUP_EXACT = gauge(
     "check failed; 0 means routing for the group is load-only (see /litellm-kv/health for why).",
     ["model_group"],
 )
+REANNOUNCE = gauge(
+    "reannounce_requested",
+    "1 while the group's requests ask the engines to re-announce their cache hits (kv_cache_report_mode=full): "
+    "always with report_mode_full true; with 'auto' while the index may lack blocks a replica holds.",
+    ["model_group"],
+)
 REPLICA_READY = gauge(
     "replica_ready", "1 when the replica's cache config is known and (embedded mode) its subscriber runs.",
     ["model_group", "replica"],
@@ -118,6 +124,47 @@ class Fleet:
         self.on_purge: Callable[[str], None] | None = None
         # Why the index itself may be missing entries (a shared index in a Redis that deletes keys), or "".
         self.index_problem: Callable[[], str] | None = None
+        # Shared mode: per replica, whether the indexers followed its KV-event streams whole (read from the index).
+        self.streams_complete: dict[str, bool] = {}
+
+    def reannounce_needed(self) -> bool:
+        """Whether the index may lack blocks that a replica holds, which only the engines' re-announcements of
+        their cache hits (``kv_cache_report_mode: "full"``) would bring back: a replica whose KV-event stream was
+        not followed whole (from the engine's start or last cache clear, nothing lost or skipped), or one not
+        known to be, and an index that may lose entries itself. ``report_mode_full: "auto"`` asks for the
+        re-announcements only then."""
+        if self.index_problem is not None and self.index_problem():
+            return True
+        # A replica that is not ready is not routed to; its stream is judged again when it is brought up.
+        return any(not self._stream_complete(st) for st in self.replicas.values() if st.ready)
+
+    def reannounce_requested(self) -> bool:
+        """Whether the group's requests carry ``kv_cache_report_mode: "full"`` now (kv.report_mode_full)."""
+        mode = self.options.report_mode_full
+        return self.reannounce_needed() if mode == "auto" else bool(mode)
+
+    async def _read_whole_streams(self) -> None:
+        """Shared mode: which replicas' event streams the indexers followed whole (every ``<replica>#<rank>``
+        stream they have applied). Unknown (a Redis error, an index without the marks) reads as not whole."""
+        read = getattr(self.index, "whole_streams", None)
+        if read is None:
+            return
+        try:
+            streams: dict[str, bool] = await asyncio.wait_for(read(self.group), timeout=1.0)
+        except Exception as exc:  # a Redis error or a hung Redis: as unknown, bounded
+            log.debug("litellm-kv: %s: reading the indexers' stream marks failed: %s", self.group, exc)
+            self.streams_complete = {}
+            return
+        out: dict[str, bool] = {}
+        for name, whole in streams.items():
+            replica = name.rpartition("#")[0] or name
+            out[replica] = out.get(replica, True) and whole
+        self.streams_complete = out
+
+    def _stream_complete(self, st: ReplicaState) -> bool:
+        if self.embedded:
+            return bool(getattr(st.subscriber, "complete", False))
+        return self.streams_complete.get(st.replica, False)
 
     # -- membership ---------------------------------------------------------------------------
     async def sync(self, deployments: list[dict[str, Any]]) -> None:
@@ -247,7 +294,10 @@ class Fleet:
                         await self.index.expire()
                     except Exception:
                         log.exception("litellm-kv: index expiry failed")
+            if not self.embedded:
+                await self._read_whole_streams()
             self._refresh_exactness()
+            REANNOUNCE.labels(self.group).set(1 if self.reannounce_requested() else 0)
             await asyncio.sleep(self.options.scrape_interval_s)
 
     def start(self) -> None:
@@ -391,5 +441,7 @@ class Fleet:
             "exact": not self.not_exact_why,
             "not_exact_why": self.not_exact_why or None,
             "mode": "embedded" if self.embedded else "shared",
-            "replicas": [st.status() for st in self.replicas.values()],
+            "reannounce": self.reannounce_requested(),
+            "replicas": [{**st.status(), "stream_complete": self._stream_complete(st)}
+                         for st in self.replicas.values()],
         }

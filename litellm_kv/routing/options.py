@@ -68,10 +68,15 @@ class KVRoutingSettings:
         "without kwargs the proxy-set identifier is used verbatim and this does not matter.",
         default="blake3",
     )
-    report_mode_full: bool = doc(
-        "Inject vllm_xargs.kv_cache_report_mode='full' so a cache hit re-announces the reused blocks "
-        "(keeps the index's view of recency and late-joined subscribers complete).",
-        default=True,
+    report_mode_full: bool | typing.Literal["auto"] = doc(
+        "Inject vllm_xargs.kv_cache_report_mode='full', with which an engine re-announces the blocks of each "
+        "cache hit: the only way an index that missed a replica's events (a subscriber or indexer that joined "
+        "after the engine's replay buffer moved on, lost batches, a skipped malformed event, a Redis that "
+        "deletes keys) learns the blocks that replica still holds. It costs the engine and the index work on "
+        "every hit. 'auto': only while the index may lack blocks (a ready replica's event stream was not "
+        "followed whole, or the index may lose entries; /litellm-kv/health's reannounce); true: always; "
+        "false: never.",
+        default="auto",
     )
     tenant_isolation: typing.Literal["none", "team", "key"] = doc(
         "Inject a cache_salt derived (HMAC) from the caller's team or key so tenants never share prefix "

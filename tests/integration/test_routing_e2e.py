@@ -58,7 +58,8 @@ def _config(engines: list[EngineReplica], model_dir: str, extra_kv: dict[str, An
                 "tokenizer_path": model_dir, "scrape_interval_s": 0.5, "discovery_interval_s": 1.0,
                 # A TTFT target no replica can meet: routing is what it would be without one (the shadow test
                 # holds), and every decision is counted as unmet (test_a_ttft_target_...).
-                **({"shadow": True, "ttft": {"slo_ttft_s": 1e-6}} if g == SHADOW else {}),
+                # The shadow group asks for every hit's re-announcement (the re-announcement test).
+                **({"shadow": True, "ttft": {"slo_ttft_s": 1e-6}, "report_mode_full": True} if g == SHADOW else {}),
                 **({"tenant_isolation": "team"} if g == TENANT else {}),
                 **(extra_kv or {})}}
             for g in groups if g != DEFAULT
@@ -321,6 +322,55 @@ def test_a_cache_reset_reaches_the_index_only_with_the_engines_next_step(
     assert _subscriber(proxy, target)["purges"] == purges, "an idle engine sent its reset before its next step"
     reset_prefix_caches([target])  # resets again, then the short request
     proxy.proc.wait_until(lambda: _subscriber(proxy, target)["purges"] > purges, 10, "the reset reaching the index")
+
+
+def test_reannouncements_are_asked_for_only_while_the_index_may_lack_blocks(
+    proxy: Proxy, engines: list[EngineReplica]
+) -> None:
+    """``report_mode_full: "auto"`` (the default): once every replica's event stream has been followed whole (here
+    from the caches' reset, whatever came before), requests no longer ask the engines to re-announce their hits,
+    and the predictions stay exact without them. The shadow group, set to true, still asks, and the engines
+    re-announce that group's hits."""
+    _reset(engines)  # the AllBlocksCleared of each replica: its stream is followed whole from there
+
+    def kv_group() -> dict[str, Any]:
+        return dict(_health(proxy)["routing"]["groups"][KV])
+
+    proxy.proc.wait_until(lambda: all(r["stream_complete"] for r in kv_group()["replicas"]), 15,
+                          "every replica's stream followed whole after the reset")
+    assert kv_group()["reannounce"] is False
+    assert _health(proxy)["routing"]["groups"][SHADOW]["reannounce"] is True
+    gauge = _metric(proxy, "litellm_kv_reannounce_requested")
+    assert gauge[f'litellm_kv_reannounce_requested{{model_group="{KV}"}}'] == 0, gauge
+    assert gauge[f'litellm_kv_reannounce_requested{{model_group="{SHADOW}"}}'] == 1, gauge
+
+    def reannounced() -> int:
+        return sum(int(_subscriber(proxy, e)["reannounced"]) for e in engines)
+
+    def cached(r: httpx.Response) -> int:
+        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+    msgs = [{"role": "user", "content": "a prompt hit without a re-announcement " * 40}]
+    before, checks_before = reannounced(), _metric(proxy, "litellm_kv_prediction_checks_total")
+    replies = [_chat(proxy, KV, msgs) for _ in range(3)]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert cached(replies[-1]) > 0
+    time.sleep(1.0)  # the hits' events, had any been re-announced
+    assert reannounced() == before, "the engines re-announced hits nobody asked them to"
+    after = _metric(proxy, "litellm_kv_prediction_checks_total")
+    key = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
+    assert after.get(key, 0) - checks_before.get(key, 0) == 3, after
+
+    # The shadow group asks: LiteLLM places its requests at random, so send until one hits.
+    hits = 0
+    for _ in range(8):
+        r = _chat(proxy, SHADOW, msgs)
+        assert r.status_code == 200, r.text
+        hits += cached(r) > 0
+        if hits:
+            break
+    assert hits, "no shadow-group request hit the cached prompt"
+    proxy.proc.wait_until(lambda: reannounced() > before, 10, "the shadow group's hit re-announced")
 
 
 def test_replica_killed_then_restarted(proxy: Proxy, engines: list[EngineReplica]) -> None:

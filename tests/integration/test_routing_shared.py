@@ -116,6 +116,39 @@ def test_two_shared_proxies_beat_simple_shuffle(proxies: list[Proxy], engines: l
     assert total >= len(kv.results) and exact / total >= 0.8
 
 
+def test_proxies_stop_asking_for_reannouncements_once_the_indexer_follows_every_stream_whole(
+    proxies: list[Proxy], engines: list[EngineReplica], indexer: str
+) -> None:
+    """``report_mode_full: "auto"`` in shared mode: the indexer marks each stream it follows whole in Redis (here
+    from the caches' reset), every proxy reads the marks, and requests stop asking the engines to re-announce
+    their hits; the index stays exact without them."""
+    _reset(engines)
+    for p in proxies:
+        p.proc.wait_until(lambda p=p: all(r["stream_complete"] for r in p.kv_health(KV)["replicas"]), 15,
+                          "the indexer's whole-stream marks read by the proxy")
+        assert p.kv_health(KV)["reannounce"] is False
+
+    def reannounced() -> int:
+        health = httpx.get(indexer + "/health", timeout=5).json()
+        return sum(int(s["reannounced"]) for r in health["replicas"] for s in r["streams"])
+
+    body = {"model": KV, "max_tokens": 4, "messages": [{"role": "user", "content": "no re-announcement " * 40}]}
+    before = reannounced()
+    checks_before = [_metric(p, "litellm_kv_prediction_checks_total") for p in proxies]
+    cached = []
+    for i in range(4):
+        resp = httpx.post(f"{proxies[i % 2].url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
+        assert resp.status_code == 200, resp.text
+        cached.append(int(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0))
+    assert cached[-1] > 0, cached
+    time.sleep(1.0)  # the hits' events, had any been re-announced
+    assert reannounced() == before, "the engines re-announced hits no proxy asked them to"
+    key = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
+    exact = sum(_metric(p, "litellm_kv_prediction_checks_total").get(key, 0) - b.get(key, 0)
+                for p, b in zip(proxies, checks_before, strict=True))
+    assert exact == 4
+
+
 def test_redis_outage_keeps_requests_flowing(proxies: list[Proxy], redis_srv: RedisServer, indexer: str) -> None:
     def send(n: int, tag: str) -> list[int]:
         async def go() -> list[int]:
@@ -178,6 +211,7 @@ def test_an_index_in_a_redis_that_evicted_keys_routes_load_only(proxies: list[Pr
                 time.sleep(0.25)
             assert "maxmemory-policy allkeys-lru" in str(health["not_exact_why"]), health["not_exact_why"]
             assert "index entries" in str(health["not_exact_why"])
+            assert health["reannounce"] is True  # an index that loses entries re-learns held blocks from hits
         body = {"model": KV, "max_tokens": 4, "messages": [{"role": "user", "content": "after the eviction"}]}
         resp = httpx.post(f"{proxies[0].url}/v1/chat/completions", json=body, headers=HEADERS, timeout=120)
         assert resp.status_code == 200, resp.text
