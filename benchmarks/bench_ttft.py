@@ -18,7 +18,9 @@ A-B-C-C-B-A-A-B-C order with every prefix cache emptied before each run, so drif
 on this machine hit all three alike. Per cell: pooled TTFT mean/p50/p95, the spread over runs (min-max
 of the per-run mean and p95), end-to-end latency, output tokens/s, cached-token ratio, litellm-kv's
 prediction checks, TTFT split by the engine's cached share (``hit``: at least half the prompt cached, ``miss``:
-less), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
+less), the CPU seconds a run cost each part of the testbed (the engines' compute, the engines' API servers, the
+proxy, this load generator: on one machine they share its cores, where a GPU fleet's devices do not wait for the
+proxy), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
 baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
 absolute error of the prediction against the TTFT the proxy measured (decision to first content chunk), over
@@ -56,6 +58,7 @@ from litellm_kv.vllm.tokenization import LocalChatTokenizer
 from tools.demo import plot
 from tools.harness import field
 from tools.harness.testbed import (
+    CPU_PARTS,
     KV,
     LABELS,
     LEAST_BUSY,
@@ -65,6 +68,7 @@ from tools.harness.testbed import (
     abc_cba,
     abs_error,
     fleet_speed,
+    format_cpu,
     label_counts,
     start_testbed,
 )
@@ -131,6 +135,11 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
         pooled["by_kind"] = comp.pooled(g).by_cached_share()
         if wl is not None:
             pooled["per_run_placement"] = [field.placement(r, wl, names or {}) for r in runs]
+        cpu = comp.cpu.get(g) or []
+        if cpu and all(cpu):
+            pooled["per_run_cpu_s"] = cpu
+            pooled["cpu_s_mean"] = {k: round(statistics.fmean(c[k] for c in cpu), 3) for k in CPU_PARTS}
+            pooled["wall_s_mean"] = round(statistics.fmean(r.wall_s for r in runs), 2)
         out["routings"][g] = pooled
     out["verdict"] = verdict(comp.workload, out["routings"], out["routings"][LEAST_BUSY]["per_run_ttft_mean_ms"])
     out["paired"] = paired_all({g: {"mean": out["routings"][g]["per_run_ttft_mean_ms"],
@@ -162,6 +171,10 @@ def print_cell(s: dict[str, Any]) -> None:
         if runs:
             print(f"  {LABELS[g]:<22} prefix groups per replica (later requests sent elsewhere), per run: "
                   + "; ".join(f"{p['groups']} ({p['away']})" for p in runs))
+    for g in ROUTINGS:
+        r = s["routings"][g]
+        if "cpu_s_mean" in r:
+            print(f"  {LABELS[g]:<22} per run, mean {format_cpu(r['cpu_s_mean'], r['wall_s_mean'])}")
     print_paired(s["paired"])
     if s.get("per_run_decisions"):
         print(f"  litellm-kv decisions by reason, per run: {s['per_run_decisions']}")

@@ -43,6 +43,9 @@ def test_three_routings_same_requests_streamed(bed: Testbed) -> None:
         assert set(run.per_replica(bed.names)) <= {"r0", "r1"}
         # Second turns resend the first turn's prompt: some prefix is cached whatever the routing.
         assert run.cached_ratio > 0
+        # The run's CPU by part of the testbed: the engines computed, their API servers and the proxy served.
+        (cpu,) = comp.cpu[g]
+        assert cpu["engine_core"] > 0 and cpu["engine_front"] > 0 and cpu["proxy"] > 0, (g, cpu)
     # The same prompts went through each routing.
     assert [o.prompt_tokens for o in comp.runs[SHUFFLE][0].outcomes] == \
         [o.prompt_tokens for o in comp.runs[KV][0].outcomes]

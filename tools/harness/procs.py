@@ -142,3 +142,31 @@ def start_all(starts: Sequence[Callable[[], T]], stop: Callable[[T], None]) -> l
                 stop(item)
         raise error
     return started
+
+
+def group_cpu_seconds(pgids: Sequence[int]) -> dict[int, dict[str, float]] | None:
+    """CPU seconds (user + system, every thread) used so far by the live processes of each process group in
+    ``pgids``, summed per process name (``/proc/<pid>/comm``). A process that has exited no longer counts, so
+    take differences over spans in which the servers run on. None where ``/proc`` cannot be read (not Linux)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    wanted = set(pgids)
+    out: dict[int, dict[str, float]] = {g: {} for g in pgids}
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (proc / entry.name / "stat").read_text()
+            comm = (proc / entry.name / "comm").read_text().strip()
+        except OSError:  # gone meanwhile
+            continue
+        # Fields after the name, which is in parentheses and may hold spaces: state, ppid, pgrp, ... utime (14th
+        # field of the whole line), stime (15th).
+        fields = stat.rsplit(")", 1)[1].split()
+        pgrp = int(fields[2])
+        if pgrp in wanted:
+            per = out[pgrp]
+            per[comm] = per.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out

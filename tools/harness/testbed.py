@@ -17,6 +17,7 @@ routes the same replicas three ways, and an A-B-C-C-B-A runner over them (shared
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ import httpx
 from litellm_kv.routing.ttft import error_quantiles
 from tools.harness.engines import EngineReplica, reset_prefix_caches, start_replicas, start_vl_replica
 from tools.harness.field import FieldRequest, OpenLoopRun, Workload, run_open_loop, unique_workload
+from tools.harness.procs import group_cpu_seconds
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 
 KV = "ttft-kv"
@@ -40,6 +42,12 @@ MAX_MODEL_LEN = 8192
 # POST /reset_prefix_cache (every run starts cold); one compute thread per replica, as each GPU replica has
 # its own device (two replicas on two cores, not both fighting over both).
 ENGINE_ENV = {"VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+
+
+# vLLM's engine-core process (the model's compute: the testbed's stand-in for a GPU) names itself
+# "VLLM::EngineCore"; Linux keeps 15 characters of a process name.
+ENGINE_CORE_COMM = "VLLM::EngineCor"
+CPU_PARTS = ("engine_core", "engine_front", "proxy", "client")
 
 
 def proxy_config(replicas: Sequence[EngineReplica], kv_overrides: dict[str, Any] | None = None,
@@ -115,6 +123,39 @@ def start_testbed(replicas: int = 2, *, kv_cache: str = KV_CACHE, kv_overrides: 
     return bed
 
 
+def cpu_split(bed: Testbed) -> dict[str, float]:
+    """CPU seconds used so far, by part of the testbed: the engines' compute (``engine_core``), the rest of the
+    engines' processes (``engine_front``: their API servers' HTTP, tokenization and streaming), the proxy and this
+    process (``client``, the load generator). Empty where the processes cannot be read (not Linux). All of them
+    share this machine's cores, unlike a GPU fleet's, whose devices do not wait for the proxy."""
+    engines = [r.proc.pid for r in bed.replicas if r.proc is not None]
+    groups = group_cpu_seconds([bed.proxy.proc.pid, *engines])
+    if groups is None:
+        return {}
+    parts = dict.fromkeys(CPU_PARTS, 0.0)
+    parts["proxy"] = sum(groups[bed.proxy.proc.pid].values())
+    for pg in engines:
+        for comm, s in groups[pg].items():
+            parts["engine_core" if comm.startswith(ENGINE_CORE_COMM) else "engine_front"] += s
+    t = os.times()
+    parts["client"] = t.user + t.system
+    return parts
+
+
+def cpu_delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before[k], 3) for k in after if k in before}
+
+
+def format_cpu(d: dict[str, float], wall_s: float) -> str:
+    """One run's CPU seconds by part, and their sum as a share of what the machine's cores gave in ``wall_s``."""
+    if not d:
+        return ""
+    cores = os.cpu_count() or 1
+    busy = sum(d.values()) / max(1e-9, wall_s * cores)
+    return (f"cpu s: engine cores {d['engine_core']:.2f}, engine front-ends {d['engine_front']:.2f}, proxy "
+            f"{d['proxy']:.2f}, client {d['client']:.2f} ({100 * busy:.0f} % of {cores} cores over {wall_s:.1f} s)")
+
+
 _SAMPLE = re.compile(r"^(litellm_kv_[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
 
 
@@ -170,6 +211,7 @@ class Comparison:
     kv_deltas: list[dict[str, float]] = field(default_factory=list)
     ttft_errors_ms: list[float] = field(default_factory=list)  # litellm-kv's measured - predicted TTFT, per response
     ttft_errors_dropped: int = 0  # errors the proxy no longer held when read (none unless a run outgrows its window)
+    cpu: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # routing -> per run, cpu_split's delta
 
     def pooled(self, routing: str) -> OpenLoopRun:
         rs = self.runs[routing]
@@ -201,7 +243,10 @@ async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, ru
         await asyncio.to_thread(reset_prefix_caches, bed.replicas)
         before = await kv_metrics(bed.proxy, prefixes) if g == KV else {}
         errors_before = (await kv_ttft_errors(bed.proxy)).get("responses", 0) if g == KV else 0
+        cpu_before = cpu_split(bed)
         run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, make(), max_tokens=max_tokens)
+        cpu = cpu_delta(cpu_split(bed), cpu_before)
+        comp.cpu.setdefault(g, []).append(cpu)
         by_routing[g].append(run)
         if g == KV:
             since = (await kv_ttft_errors(bed.proxy, since=errors_before)).get("since") or {}
@@ -213,7 +258,7 @@ async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, ru
                 comp.checks[k] = comp.checks.get(k, 0) + v
         log(f"  [{wl.name} @ {rate:.2f} req/s] run {i}/{len(seq)} {LABELS[g]:<22} TTFT mean "
             f"{1000 * run.ttft():7.0f} ms  p95 {1000 * run.ttft(0.95):7.0f} ms  cached {run.cached_ratio:.2f}  "
-            f"failed {run.failures}  {run.per_replica(bed.names)}")
+            f"failed {run.failures}  {run.per_replica(bed.names)}  {format_cpu(cpu, run.wall_s)}")
     return comp
 
 
