@@ -32,8 +32,9 @@ between blocks out of the comparison.
     .venv/bin/python benchmarks/bench_ttft.py [--workloads chat,fanout,unique] [--loads 0.5,0.9] \\
         [--runs 3] [--json PATH] [--markdown PATH] [--plot-dir docs/img]
 
-``--pool A.json B.json ...`` runs nothing: it merges earlier runs' ``--json`` files by cell (workload and rate;
-compare runs made with the same ``--rates``) and prints the pooled figures, run-by-run differences and verdict.
+``--pool A.json B.json ...`` runs nothing: it merges earlier runs' ``--json`` files by cell (workload and load
+fraction, or the rate where runs were made with ``--rates``) and prints the pooled figures, run-by-run differences
+and verdict.
 """
 
 from __future__ import annotations
@@ -204,17 +205,35 @@ def print_paired(pairs: dict[str, dict[str, Any]]) -> None:
         print(f"  litellm-kv minus {LABELS[g]}, run by run: {paired_text(d)}")
 
 
+def _measured_fraction(c: dict[str, Any], capacity: float | None) -> float | None:
+    """The cell's load fraction when its rate was set from the fleet speed the bench measured (not ``--rates``);
+    None otherwise. Files written before ``rate_from_capacity`` existed: the rate is that fraction of the capacity."""
+    f = c.get("load_fraction")
+    if f is None:
+        return None
+    if "rate_from_capacity" in c:
+        return float(f) if c["rate_from_capacity"] else None
+    return float(f) if capacity and abs(float(f) * capacity - c["rate"]) <= 0.011 else None
+
+
 def pool(paths: list[str]) -> dict[str, Any]:
-    """Cells of several bench runs (their ``--json`` files) merged by workload and rate: each routing's per-run
-    TTFT means and p95s put together, then summarised per cell as the mean of the per-run means (min-max, sd),
-    the mean of the per-run p95s, the run-by-run differences (:func:`paired`) and the verdict on those means."""
-    cells: dict[tuple[str, float], dict[str, Any]] = {}
+    """Cells of several bench runs (their ``--json`` files) merged by workload and load: the load fraction where
+    each bench set its rates from the fleet speed it measured (the machine's speed drifts between benches, so
+    the same fraction is a slightly different rate), the rate itself where they were given (``--rates``). Each
+    routing's per-run TTFT means and p95s are put together, then summarised per cell as the mean of the per-run
+    means (min-max, sd), the mean of the per-run p95s, the run-by-run differences (:func:`paired`) and the
+    verdict on those means."""
+    cells: dict[tuple[str, str, float], dict[str, Any]] = {}
     for path in paths:
-        for c in json.loads(Path(path).read_text())["cells"]:
-            cell = cells.setdefault((c["workload"], c["rate"]), {
-                "workload": c["workload"], "rate": c["rate"], "benches": 0,
+        bench = json.loads(Path(path).read_text())
+        for c in bench["cells"]:
+            f = _measured_fraction(c, bench.get("capacity_req_s"))
+            key = (c["workload"], "load", f) if f is not None else (c["workload"], "rate", c["rate"])
+            cell = cells.setdefault(key, {
+                "workload": c["workload"], "rate": c["rate"], "load_fraction": f, "rates": [], "benches": 0,
                 "runs": {g: {"mean": [], "p95": []} for g in ROUTINGS}})
             cell["benches"] += 1
+            cell["rates"].append(c["rate"])
             for g in ROUTINGS:
                 cell["runs"][g]["mean"] += c["routings"][g]["per_run_ttft_mean_ms"]
                 cell["runs"][g]["p95"] += c["routings"][g]["per_run_ttft_p95_ms"]
@@ -240,11 +259,15 @@ def pool_markdown(pooled: dict[str, Any]) -> str:
              "| workload | load (req/s) | routing | runs | TTFT mean ms (min-max, sd) | TTFT p95 ms | litellm-kv minus "
              "this, run by run | verdict |", "|---|---|---|---|---|---|---|---|"]
     for s in pooled["cells"]:
+        load = f"{s['rate']:.2f}"
+        if s.get("load_fraction") is not None:
+            lo, hi = min(s["rates"]), max(s["rates"])
+            load = f"{s['load_fraction']:g}× ({lo:.2f}" + (f"-{hi:.2f})" if hi > lo else ")")
         for g in ROUTINGS:
             r = s["routings"][g]
             diff = paired_text(s["paired"][g]) if g in s["paired"] else ""
             judged = verdict_text(s["verdict"]) if g == KV else ""
-            lines.append(f"| {s['workload']} | {s['rate']:.2f} | {LABELS[g]} | {r['runs']} | {r['ttft_mean_ms']:.0f} "
+            lines.append(f"| {s['workload']} | {load} | {LABELS[g]} | {r['runs']} | {r['ttft_mean_ms']:.0f} "
                          f"({r['min_ms']:.0f}-{r['max_ms']:.0f}, sd {r['sd_ms']:.0f}) | {r['ttft_p95_ms']:.0f} "
                          f"| {diff} | {judged} |")
     return "\n".join(lines)
@@ -318,6 +341,7 @@ async def main_async(args: argparse.Namespace) -> int:
                                      metric_prefixes=(DECISIONS_METRIC,))
                 s = cell_summary(comp, make(), bed.names)
                 s["load_fraction"] = f
+                s["rate_from_capacity"] = not fixed
                 cells.append(s)
                 print_cell(s)
         results = {"started": started, "replicas": args.replicas, "vl": args.vl, "capacity_req_s": round(capacity, 3),

@@ -65,3 +65,28 @@ def test_pool_merges_runs_by_cell_and_judges_the_pooled_means(bench: ModuleType,
     assert v["least_busy_spread_ms"] == pytest.approx(40.0) and v["within_noise"] is True
     md = bench.pool_markdown(pooled)
     assert "| chat | 6.81 | litellm-kv | 3 | 380 (340-450" in md and "lower in 2/3" in md
+
+
+def test_pool_merges_benches_by_load_fraction_where_each_measured_its_rates(bench: ModuleType, tmp_path: Path) -> None:
+    """Benches that set their rates from the fleet speed they measured pool by load fraction (the machine's speed
+    drifts, so 0.5x is 5.18 req/s in one and 5.14 in the next); rates given with --rates pool only by rate."""
+    def one(rate: float, fraction: float, **flag: bool) -> dict[str, Any]:
+        c = _cell("chat", rate, {SHUFFLE: [100], LEAST_BUSY: [110], KV: [90]},
+                  {SHUFFLE: [200], LEAST_BUSY: [210], KV: [190]})
+        return {**c, "load_fraction": fraction, **flag}
+
+    files = {
+        "old.json": {"capacity_req_s": 10.36, "cells": [one(5.18, 0.5)]},  # before the flag: inferred
+        "new.json": {"capacity_req_s": 10.28, "cells": [one(5.14, 0.5, rate_from_capacity=True)]},
+        "fixed.json": {"capacity_req_s": 10.28, "cells": [one(5.14, 0.5, rate_from_capacity=False)]},
+        "odd.json": {"capacity_req_s": 10.28, "cells": [one(4.0, 0.5)]},  # a rate that is not 0.5 of its capacity
+    }
+    paths = []
+    for name, payload in files.items():
+        (tmp_path / name).write_text(json.dumps(payload))
+        paths.append(str(tmp_path / name))
+    cells = bench.pool(paths)["cells"]
+    assert [(c["load_fraction"], c["rates"], c["routings"][KV]["runs"]) for c in cells] == [
+        (0.5, [5.18, 5.14], 2), (None, [5.14], 1), (None, [4.0], 1)]
+    md = bench.pool_markdown(bench.pool(paths))
+    assert "| chat | 0.5× (5.14-5.18) | litellm-kv | 2 |" in md and "| chat | 5.14 | litellm-kv | 1 |" in md
