@@ -21,7 +21,8 @@ prediction checks, TTFT split by the engine's cached share (``hit``: at least ha
 less), the CPU seconds a run cost each part of the testbed (the engines' compute, the engines' API servers, the
 proxy, this load generator: on one machine they share its cores, where a GPU fleet's devices do not wait for the
 proxy), and the verdict of the must-show (litellm-kv's pooled TTFT mean and p95 below both
-baselines on (a) and (b); on (c) within noise of least-busy: the difference no larger than the spread of
+baselines on (a) and (b), and whether beyond the noise: its run-by-run difference from each baseline below zero by
+more than two standard errors; on (c) within noise of least-busy: the difference no larger than the spread of
 least-busy's own per-run means). When litellm-kv predicts TTFT, the median and p90
 absolute error of the prediction against the TTFT the proxy measured (decision to first content chunk), over
 the cell's streamed responses one by one (``GET /litellm-kv/health?ttft_errors_since=N``). And run by run,
@@ -111,17 +112,27 @@ def paired_all(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, A
             for g in (SHUFFLE, LEAST_BUSY)}
 
 
-def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_means: list[float]) -> dict[str, Any]:
+def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_means: list[float],
+            pairs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The must-show on one cell: litellm-kv's TTFT mean and p95 (``ttft_mean_ms``, ``ttft_p95_ms`` of each routing)
-    below both baselines', or on the ``unique`` control its mean within the spread of least-busy's per-run means."""
+    below both baselines', or on the ``unique`` control its mean within the spread of least-busy's per-run means.
+    With ``pairs`` (:func:`paired_all`), also whether each is below both beyond the noise: litellm-kv's run-by-run
+    difference from each baseline below zero by more than two standard errors (None with fewer than 3 runs)."""
     kv, sh, lb = (routings[g] for g in (KV, SHUFFLE, LEAST_BUSY))
     if workload == "unique":
         noise = max(least_busy_run_means) - min(least_busy_run_means)
         diff = kv["ttft_mean_ms"] - lb["ttft_mean_ms"]
         return {"kind": "control", "kv_minus_least_busy_ms": round(diff, 1), "least_busy_spread_ms": round(noise, 1),
                 "within_noise": abs(diff) <= noise}
-    return {"kind": "win", "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
-            "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+    out: dict[str, Any] = {
+        "kind": "win", "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
+        "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
+    if pairs is not None:
+        for figure, key in (("ttft_mean", "mean_clearly_below_both"), ("ttft_p95", "p95_clearly_below_both")):
+            ds = [pairs[g][figure] for g in (SHUFFLE, LEAST_BUSY)]
+            out[key] = (all(d["mean_ms"] + 2 * d["se_ms"] < 0 for d in ds) if all(d["n"] >= 3 for d in ds)
+                        else None)
+    return out
 
 
 def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict[str, str] | None = None
@@ -142,9 +153,10 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
             pooled["cpu_s_mean"] = {k: round(statistics.fmean(c[k] for c in cpu), 3) for k in CPU_PARTS}
             pooled["wall_s_mean"] = round(statistics.fmean(r.wall_s for r in runs), 2)
         out["routings"][g] = pooled
-    out["verdict"] = verdict(comp.workload, out["routings"], out["routings"][LEAST_BUSY]["per_run_ttft_mean_ms"])
     out["paired"] = paired_all({g: {"mean": out["routings"][g]["per_run_ttft_mean_ms"],
                                     "p95": out["routings"][g]["per_run_ttft_p95_ms"]} for g in ROUTINGS})
+    out["verdict"] = verdict(comp.workload, out["routings"], out["routings"][LEAST_BUSY]["per_run_ttft_mean_ms"],
+                             out["paired"])
     out["per_run_decisions"] = [decision_reasons(d) for d in comp.kv_deltas]
     err = abs_error(comp.ttft_errors_ms)
     if err:
@@ -191,7 +203,11 @@ def verdict_text(v: dict[str, Any]) -> str:
     if v["kind"] == "control":
         return (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, spread "
                 f"{v['least_busy_spread_ms']:.0f})")
-    return f"mean below both: {v['mean_below_both']}; p95 below both: {v['p95_below_both']}"
+    def clear(key: str) -> str:
+        return "" if v.get(key) is None else f" (beyond the noise, run by run: {v[key]})"
+
+    return (f"mean below both: {v['mean_below_both']}{clear('mean_clearly_below_both')}; p95 below both: "
+            f"{v['p95_below_both']}{clear('p95_clearly_below_both')}")
 
 
 def paired_text(d: dict[str, Any]) -> str:
@@ -246,8 +262,9 @@ def pool(paths: list[str]) -> dict[str, Any]:
             routings[g] = {"runs": len(m), "ttft_mean_ms": round(statistics.fmean(m), 1), "min_ms": min(m),
                            "max_ms": max(m), "sd_ms": round(statistics.stdev(m), 1) if len(m) > 1 else 0.0,
                            "ttft_p95_ms": round(statistics.fmean(p), 1)}
-        out.append({**cell, "routings": routings, "paired": paired_all(runs),
-                    "verdict": verdict(cell["workload"], routings, runs[LEAST_BUSY]["mean"])})
+        pairs = paired_all(runs)
+        out.append({**cell, "routings": routings, "paired": pairs,
+                    "verdict": verdict(cell["workload"], routings, runs[LEAST_BUSY]["mean"], pairs)})
     return {"files": paths, "cells": out}
 
 

@@ -59,7 +59,9 @@ def test_pool_merges_runs_by_cell_and_judges_the_pooled_means(bench: ModuleType,
     vs_shuffle = chat["paired"][SHUFFLE]["ttft_mean"]
     assert vs_shuffle["lower_in"] == 2 and vs_shuffle["mean_ms"] == pytest.approx((-50 - 50 + 40) / 3, abs=0.05)
     # Pooled means: kv 380 against shuffle 400 and least-busy 373.3, not below both; p95s 713 against 767 and 720.
-    assert chat["verdict"] == {"kind": "win", "mean_below_both": False, "p95_below_both": True}
+    # Run by run, no difference is below zero by two standard errors (kv - shuffle mean: -20 ms, se 30).
+    assert chat["verdict"] == {"kind": "win", "mean_below_both": False, "p95_below_both": True,
+                               "mean_clearly_below_both": False, "p95_clearly_below_both": False}
     v = unique["verdict"]
     assert v["kind"] == "control" and v["kv_minus_least_busy_ms"] == pytest.approx(0.0)
     assert v["least_busy_spread_ms"] == pytest.approx(40.0) and v["within_noise"] is True
@@ -90,3 +92,23 @@ def test_pool_merges_benches_by_load_fraction_where_each_measured_its_rates(benc
         (0.5, [5.18, 5.14], 2), (None, [5.14], 1), (None, [4.0], 1)]
     md = bench.pool_markdown(bench.pool(paths))
     assert "| chat | 0.5× (5.14-5.18) | litellm-kv | 2 |" in md and "| chat | 5.14 | litellm-kv | 1 |" in md
+
+
+def test_verdict_beyond_the_noise_needs_both_baselines_and_three_runs(bench: ModuleType) -> None:
+    routings = {g: {"ttft_mean_ms": m, "ttft_p95_ms": 2 * m} for g, m in ((SHUFFLE, 200.0), (LEAST_BUSY, 210.0),
+                                                                         (KV, 150.0))}
+    steady = {SHUFFLE: [200.0, 205.0, 195.0], LEAST_BUSY: [210.0, 212.0, 208.0], KV: [150.0, 149.0, 151.0]}
+    pairs = bench.paired_all({g: {"mean": m, "p95": [2 * x for x in m]} for g, m in steady.items()})
+    v = bench.verdict("chat", routings, steady[LEAST_BUSY], pairs)
+    assert v["mean_clearly_below_both"] is True and v["p95_clearly_below_both"] is True
+    # One baseline's runs straddle litellm-kv's: below it on the pooled mean, not beyond the noise.
+    straddle = {**steady, LEAST_BUSY: [100.0, 300.0, 160.0]}
+    pairs = bench.paired_all({g: {"mean": m, "p95": [2 * x for x in m]} for g, m in straddle.items()})
+    v = bench.verdict("chat", routings, straddle[LEAST_BUSY], pairs)
+    assert v["mean_below_both"] is True and v["mean_clearly_below_both"] is False
+    two = {g: m[:2] for g, m in steady.items()}
+    pairs = bench.paired_all({g: {"mean": m, "p95": m} for g, m in two.items()})
+    assert bench.verdict("chat", routings, two[LEAST_BUSY], pairs)["mean_clearly_below_both"] is None
+    assert "beyond the noise, run by run: False" in bench.verdict_text(
+        {"kind": "win", "mean_below_both": True, "p95_below_both": True, "mean_clearly_below_both": True,
+         "p95_clearly_below_both": False})
