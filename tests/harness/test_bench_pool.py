@@ -3,7 +3,6 @@ figures are made up, the arithmetic is the bench's)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,18 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.benchmarks import load_benchmark
 from tools.harness.testbed import KV, LEAST_BUSY, SHUFFLE
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ttft.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_ttft", BENCH)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_ttft")
 
 
 def _cell(workload: str, rate: float, means: dict[str, list[float]], p95s: dict[str, list[float]]) -> dict[str, Any]:

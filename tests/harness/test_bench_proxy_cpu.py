@@ -3,22 +3,17 @@ the bench's; the bench itself starts a real engine and real proxies)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_proxy_cpu.py"
+from tests.support.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_proxy_cpu", BENCH)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_proxy_cpu")
 
 
 def test_summary_pairs_each_arm_with_litellm_of_its_block(bench: ModuleType) -> None:

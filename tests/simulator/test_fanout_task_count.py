@@ -5,7 +5,6 @@ broken in a fixed order, and the gap is the end of the run (simulated engines: n
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -13,16 +12,11 @@ from types import ModuleType
 from litellm_kv.simulator.model import ThroughputModel
 from litellm_kv.simulator.simulation import Outcome, SimSettings, Simulation
 from litellm_kv.simulator.workload import agent_fanout, scale_rate
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fanout_task_count.py"
+from tests.support.benchmarks import load_benchmark
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fanout_task_count", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fanout_task_count")
 
 
 def _run(router: str, tasks: int, seed: int) -> tuple[list[int], float]:
