@@ -113,10 +113,10 @@ def paired_all(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, A
 
 
 def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_means: list[float],
-            pairs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+            pairs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The must-show on one cell: litellm-kv's TTFT mean and p95 (``ttft_mean_ms``, ``ttft_p95_ms`` of each routing)
     below both baselines', or on the ``unique`` control its mean within the spread of least-busy's per-run means.
-    With ``pairs`` (:func:`paired_all`), also whether each is below both beyond the noise: litellm-kv's run-by-run
+    And from ``pairs`` (:func:`paired_all`), whether each is below both beyond the noise: litellm-kv's run-by-run
     difference from each baseline below zero by more than two standard errors (None with fewer than 3 runs)."""
     kv, sh, lb = (routings[g] for g in (KV, SHUFFLE, LEAST_BUSY))
     if workload == "unique":
@@ -127,11 +127,9 @@ def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_m
     out: dict[str, Any] = {
         "kind": "win", "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
         "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
-    if pairs is not None:
-        for figure, key in (("ttft_mean", "mean_clearly_below_both"), ("ttft_p95", "p95_clearly_below_both")):
-            ds = [pairs[g][figure] for g in (SHUFFLE, LEAST_BUSY)]
-            out[key] = (all(d["mean_ms"] + 2 * d["se_ms"] < 0 for d in ds) if all(d["n"] >= 3 for d in ds)
-                        else None)
+    for figure, key in (("ttft_mean", "mean_clearly_below_both"), ("ttft_p95", "p95_clearly_below_both")):
+        ds = [pairs[g][figure] for g in (SHUFFLE, LEAST_BUSY)]
+        out[key] = all(d["mean_ms"] + 2 * d["se_ms"] < 0 for d in ds) if all(d["n"] >= 3 for d in ds) else None
     return out
 
 
