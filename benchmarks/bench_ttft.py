@@ -133,8 +133,7 @@ def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_m
     return out
 
 
-def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict[str, str] | None = None
-                 ) -> dict[str, Any]:
+def cell_summary(comp: Comparison, names: dict[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"workload": comp.workload, "rate": comp.rate, "checks": comp.checks, "routings": {}}
     for g in ROUTINGS:
         runs = comp.runs[g]
@@ -143,8 +142,9 @@ def cell_summary(comp: Comparison, wl: field.Workload | None = None, names: dict
         pooled["per_run_ttft_p95_ms"] = [round(1000 * r.ttft(0.95), 1) for r in runs]
         pooled["per_run_cached_ratio"] = [round(r.cached_ratio, 3) for r in runs]
         pooled["by_kind"] = comp.pooled(g).by_cached_share()
-        if wl is not None:
-            pooled["per_run_placement"] = [field.placement(r, wl, names or {}) for r in runs]
+        if comp.workloads:
+            pooled["per_run_placement"] = [field.placement(r, comp.workload_of(i), names or {})
+                                           for i, r in enumerate(runs)]
         cpu = comp.cpu.get(g) or []
         if cpu and all(cpu):
             pooled["per_run_cpu_s"] = cpu
@@ -288,10 +288,18 @@ def pool_markdown(pooled: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def arrivals_text(results: dict[str, Any]) -> str:
+    """How the bench's rounds drew their requests (files from before ``--arrivals`` replayed one draw)."""
+    how, first = results.get("arrivals", "fixed"), int(results.get("first_draw", 0))
+    if how == "fixed":
+        return f", every run the same requests (draw {first})"
+    return f", each round its own requests (draws {first}-{first + int(results['runs']) - 1})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"Run {results['started']}, {results['replicas']} replicas, fleet without hits "
              f"~{results['capacity_req_s']:.2f} req/s, {results['runs']} runs per routing per cell "
-             "(A-B-C-C-B-A-A-B-C).", "",
+             f"(A-B-C-C-B-A-A-B-C){arrivals_text(results)}.", "",
              "| workload | load (req/s) | routing | TTFT mean ms (runs min-max) | TTFT p50 | TTFT p95 (runs min-max) "
              "| e2e mean ms | out tok/s | cached | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in results["cells"]:
@@ -349,18 +357,21 @@ async def main_async(args: argparse.Namespace) -> int:
             fractions = (args.control_loads or args.loads) if name == "unique" else args.loads
             fixed = (args.control_rates or args.rates) if name == "unique" else args.rates
             for f, rate in zip(fractions, fixed or [round(f * capacity, 2) for f in fractions], strict=False):
-                def make(n: str = name, r: float = rate) -> field.Workload:
-                    return field.make(n, r, **SIZES[n])
+                def make(i: int, n: str = name, r: float = rate) -> field.Workload:
+                    return field.make(n, r, draw=args.first_draw + (0 if args.arrivals == "fixed" else i),
+                                      **SIZES[n])
 
                 comp = await abc_cba(bed, make, rate, runs=args.runs, max_tokens=args.max_tokens,
                                      metric_prefixes=(DECISIONS_METRIC,))
-                s = cell_summary(comp, make(), bed.names)
+                s = cell_summary(comp, bed.names)
                 s["load_fraction"] = f
                 s["rate_from_capacity"] = not fixed
                 cells.append(s)
                 print_cell(s)
         results = {"started": started, "replicas": args.replicas, "vl": args.vl, "capacity_req_s": round(capacity, 3),
-                   "unit_s": round(unit, 3), "runs": args.runs, "kv_overrides": args.kv_overrides, "cells": cells,
+                   "unit_s": round(unit, 3), "runs": args.runs, "arrivals": args.arrivals,
+                   "first_draw": args.first_draw,
+                   "kv_overrides": args.kv_overrides, "cells": cells,
                    "wall_s": round(time.monotonic() - t0)}
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
@@ -417,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="fixed request rates instead of --loads x the measured speed (to compare two runs)")
     ap.add_argument("--control-rates", type=lambda s: [float(x) for x in s.split(",")], default=None)
     ap.add_argument("--runs", type=int, default=3, help="runs per routing per cell (>= 3 for the must-show)")
+    ap.add_argument("--arrivals", choices=("vary", "fixed"), default="vary",
+                    help="vary: each round of runs draws new Poisson arrivals and prompts (the same for every "
+                         "routing in the round), so repeats sample the workload; fixed: every run replays one draw")
+    ap.add_argument("--first-draw", type=int, default=0,
+                    help="the first round's draw of each workload (draw 0: the generators' default seeds); benches "
+                         "to be pooled with --pool take disjoint draws, e.g. 0, 5, 10 with --runs 5")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
     ap.add_argument("--json", default="")

@@ -106,3 +106,11 @@ def test_verdict_beyond_the_noise_needs_both_baselines_and_three_runs(bench: Mod
     assert "beyond the noise, run by run: False" in bench.verdict_text(
         {"kind": "win", "mean_below_both": True, "p95_below_both": True, "mean_clearly_below_both": True,
          "p95_clearly_below_both": False})
+
+
+def test_markdown_says_how_the_rounds_drew_their_requests(bench: ModuleType) -> None:
+    assert bench.arrivals_text({"runs": 5}) == ", every run the same requests (draw 0)"  # files from before
+    assert bench.arrivals_text({"runs": 5, "arrivals": "fixed", "first_draw": 3}) == \
+        ", every run the same requests (draw 3)"
+    assert bench.arrivals_text({"runs": 5, "arrivals": "vary", "first_draw": 10}) == \
+        ", each round its own requests (draws 10-14)"

@@ -24,6 +24,21 @@ def test_same_seed_same_requests_and_rate_only_moves_times() -> None:
     assert fast.requests[-1].at_s < a.requests[-1].at_s
 
 
+@pytest.mark.parametrize("name", ["chat", "fanout", "unique"])
+def test_draws_are_new_arrivals_and_prompts_of_the_same_shape(name: str) -> None:
+    first, again, second = field.make(name, 2.0), field.make(name, 2.0, draw=0), field.make(name, 2.0, draw=1)
+    assert [r.messages for r in again.requests] == [r.messages for r in first.requests]
+    assert [r.at_s for r in second.requests] != [r.at_s for r in first.requests]
+    assert [r.messages for r in second.requests] != [r.messages for r in first.requests]
+    # Same shape: as many requests, sessions and dependencies.
+    assert len(second.requests) == len(first.requests)
+    assert len({r.session for r in second.requests}) == len({r.session for r in first.requests})
+    assert sum(r.after is not None for r in second.requests) == sum(r.after is not None for r in first.requests)
+    # An explicit seed wins over the draw.
+    assert [r.messages for r in field.make(name, 2.0, seed=7, draw=3).requests] == \
+        [r.messages for r in field.make(name, 2.0, seed=7).requests]
+
+
 def test_poisson_mean_gap_is_one_over_rate() -> None:
     t = field.poisson_times(4000, 2.5, random.Random(0))
     gaps = [y - x for x, y in itertools.pairwise(t)]

@@ -29,26 +29,32 @@ def bed() -> Iterator[Testbed]:
 
 
 def test_three_routings_same_requests_streamed(bed: Testbed) -> None:
-    def make() -> field.Workload:
-        return field.chat_workload(groups=2, users_per_group=2, turns=2, system_tokens=1500, rate=4.0, seed=3)
+    def make(i: int) -> field.Workload:
+        return field.chat_workload(groups=2, users_per_group=2, turns=2, system_tokens=1500, rate=4.0, seed=3 + i)
 
-    comp = asyncio.run(abc_cba(bed, make, 4.0, runs=1, max_tokens=8))
-    n = len(make().requests)
+    comp = asyncio.run(abc_cba(bed, make, 4.0, runs=2, max_tokens=8))
+    n = len(make(0).requests)
     for g in ROUTINGS:
-        (run,) = comp.runs[g]
-        assert run.failures == 0, g
-        assert len(run.ok) == n
-        assert all(0 < o.ttft_s <= o.e2e_s for o in run.ok)
-        assert all(o.output_tokens > 0 and o.prompt_tokens > 1500 for o in run.ok)
-        assert set(run.per_replica(bed.names)) <= {"r0", "r1"}
-        # Second turns resend the first turn's prompt: some prefix is cached whatever the routing.
-        assert run.cached_ratio > 0
-        # The run's CPU by part of the testbed: the engines computed, their API servers and the proxy served.
-        (cpu,) = comp.cpu[g]
-        assert cpu["engine_core"] > 0 and cpu["engine_front"] > 0 and cpu["proxy"] > 0, (g, cpu)
-    # The same prompts went through each routing.
-    assert [o.prompt_tokens for o in comp.runs[SHUFFLE][0].outcomes] == \
-        [o.prompt_tokens for o in comp.runs[KV][0].outcomes]
-    assert sum(comp.checks.values()) == n  # every litellm-kv response was checked against the engine
+        assert len(comp.runs[g]) == 2 and len(comp.cpu[g]) == 2, g
+        for run, cpu in zip(comp.runs[g], comp.cpu[g], strict=True):
+            assert run.failures == 0, g
+            assert len(run.ok) == n
+            assert all(0 < o.ttft_s <= o.e2e_s for o in run.ok)
+            assert all(o.output_tokens > 0 and o.prompt_tokens > 1500 for o in run.ok)
+            assert set(run.per_replica(bed.names)) <= {"r0", "r1"}
+            # Second turns resend the first turn's prompt: some prefix is cached whatever the routing.
+            assert run.cached_ratio > 0
+            # The run's CPU by part of the testbed: the engines computed, their API servers and the proxy served.
+            assert cpu["engine_core"] > 0 and cpu["engine_front"] > 0 and cpu["proxy"] > 0, (g, cpu)
+
+    # Each round sent every routing the same prompts, and the second round its own draw.
+    def prompts(g: str, i: int) -> list[int]:
+        return [o.prompt_tokens for o in sorted(comp.runs[g][i].outcomes, key=lambda o: o.rid)]
+
+    for i in (0, 1):
+        assert prompts(SHUFFLE, i) == prompts(LEAST_BUSY, i) == prompts(KV, i), i
+    assert [r.messages for r in comp.workload_of(1).requests] == [r.messages for r in make(1).requests]
+    assert prompts(KV, 0) != prompts(KV, 1)
+    assert sum(comp.checks.values()) == 2 * n  # every litellm-kv response was checked against the engine
     cfg = bed.proxy.config_path.read_text()
     assert "least-busy" in cfg and LEAST_BUSY in cfg

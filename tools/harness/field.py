@@ -26,6 +26,7 @@ replica (``x-litellm-model-id``); :class:`OpenLoopStats` summarises a run (or se
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 import random
@@ -178,13 +179,20 @@ WORKLOADS = {"chat": chat_workload, "fanout": fanout_workload, "unique": unique_
              "images": image_chat_workload}
 
 
-def make(name: str, rate: float, seed: int | None = None, **sizes: Any) -> Workload:
-    """One workload by name at ``rate`` requests per second (sizes: the generator's keyword arguments)."""
+def make(name: str, rate: float, seed: int | None = None, draw: int = 0, **sizes: Any) -> Workload:
+    """One workload by name at ``rate`` requests per second (sizes: the generator's keyword arguments). ``draw``
+    picks an independent draw of its arrivals and contents when no ``seed`` is given: draw 0 is the generator's
+    default seed, draw ``i`` another fixed seed derived from it."""
     fn = WORKLOADS[name]
     kw: dict[str, Any] = dict(sizes)
+    if seed is None and draw:
+        seed = int(inspect.signature(fn).parameters["seed"].default) + DRAW_STRIDE * draw
     if seed is not None:
         kw["seed"] = seed
     return fn(rate=rate, **kw)  # type: ignore[operator]
+
+
+DRAW_STRIDE = 1009  # seed step between successive draws of one workload
 
 
 # -- sending ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ routes the same replicas three ways, and an A-B-C-C-B-A runner over them (shared
   :data:`LEAST_BUSY` (LiteLLM ``least-busy``, through ``router_settings.routing_groups``) and :data:`KV`
   (``routing: kv``, litellm-kv's defaults, no hand-set weight).
 * :func:`abc_cba` runs one workload once per routing in A-B-C-C-B-A order (every routing once early and
-  once late, so drift and neighbours' load hit all alike), emptying every prefix cache before each run.
+  once late, so drift and neighbours' load hit all alike), emptying every prefix cache before each run. Each
+  round (A-B-C, then C-B-A, ...) may draw its own arrivals: the routings of a round always get the same requests.
 """
 
 from __future__ import annotations
@@ -212,6 +213,11 @@ class Comparison:
     ttft_errors_ms: list[float] = field(default_factory=list)  # litellm-kv's measured - predicted TTFT, per response
     ttft_errors_dropped: int = 0  # errors the proxy no longer held when read (none unless a run outgrows its window)
     cpu: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # routing -> per run, cpu_split's delta
+    workloads: list[Workload] = field(default_factory=list)  # per round: the requests every routing was sent
+
+    def workload_of(self, run: int) -> Workload:
+        """The requests of every routing's ``run``-th run (its round's)."""
+        return self.workloads[min(run, len(self.workloads) - 1)]
 
     def pooled(self, routing: str) -> OpenLoopRun:
         rs = self.runs[routing]
@@ -229,22 +235,26 @@ def abc_order(order: Sequence[str], runs: int) -> list[str]:
     return seq
 
 
-async def abc_cba(bed: Testbed, make: Callable[[], Workload], rate: float, *, runs: int = 2,
+async def abc_cba(bed: Testbed, make: Callable[[int], Workload], rate: float, *, runs: int = 2,
                   max_tokens: int = 32, order: Sequence[str] = ROUTINGS,
                   log: Callable[[str], None] = print, metric_prefixes: Sequence[str] = ()) -> Comparison:
-    """Each routing runs ``runs`` times in A-B-C-C-B-A order (:func:`abc_order`), the same requests
-    every time, every prefix cache emptied before each run."""
+    """Each routing runs ``runs`` times in A-B-C-C-B-A order (:func:`abc_order`), every prefix cache emptied
+    before each run. ``make(i)`` gives round ``i``'s requests (0-based), sent to every routing in that round: the
+    same each round for one arrival pattern replayed, or a new draw per round so that the repeats sample the
+    arrival process as well as the machine's noise."""
     seq = abc_order(order, runs)
-    wl = make()
     by_routing: dict[str, list[OpenLoopRun]] = {g: [] for g in order}
-    comp = Comparison(wl.name, rate, by_routing)
+    workloads = [make(i) for i in range(runs)]
+    comp = Comparison(workloads[0].name, rate, by_routing, workloads=workloads)
+    wl = workloads[0]
     prefixes = ("litellm_kv_prediction_checks_total", *metric_prefixes)
     for i, g in enumerate(seq, 1):
         await asyncio.to_thread(reset_prefix_caches, bed.replicas)
         before = await kv_metrics(bed.proxy, prefixes) if g == KV else {}
         errors_before = (await kv_ttft_errors(bed.proxy)).get("responses", 0) if g == KV else 0
         cpu_before = cpu_split(bed)
-        run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, make(), max_tokens=max_tokens)
+        run = await run_open_loop(bed.proxy.url, MASTER_KEY, g, workloads[(i - 1) // len(order)],
+                                  max_tokens=max_tokens)
         cpu = cpu_delta(cpu_split(bed), cpu_before)
         comp.cpu.setdefault(g, []).append(cpu)
         by_routing[g].append(run)
