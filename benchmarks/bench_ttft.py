@@ -117,13 +117,18 @@ def verdict(workload: str, routings: dict[str, dict[str, Any]], least_busy_run_m
     """The must-show on one cell: litellm-kv's TTFT mean and p95 (``ttft_mean_ms``, ``ttft_p95_ms`` of each routing)
     below both baselines', or on the ``unique`` control its mean within the spread of least-busy's per-run means.
     And from ``pairs`` (:func:`paired_all`), whether each is below both beyond the noise: litellm-kv's run-by-run
-    difference from each baseline below zero by more than two standard errors (None with fewer than 3 runs)."""
+    difference from each baseline below zero by more than two standard errors (None with fewer than 3 runs). On the
+    control, also whether litellm-kv's run-by-run difference from least-busy is away from zero by more than two
+    standard errors (``differs_run_by_run``): with each round its own draw the per-run means spread with the
+    draws, which the pairing takes out."""
     kv, sh, lb = (routings[g] for g in (KV, SHUFFLE, LEAST_BUSY))
     if workload == "unique":
         noise = max(least_busy_run_means) - min(least_busy_run_means)
         diff = kv["ttft_mean_ms"] - lb["ttft_mean_ms"]
+        d = pairs[LEAST_BUSY]["ttft_mean"]
         return {"kind": "control", "kv_minus_least_busy_ms": round(diff, 1), "least_busy_spread_ms": round(noise, 1),
-                "within_noise": abs(diff) <= noise}
+                "within_noise": abs(diff) <= noise,
+                "differs_run_by_run": abs(d["mean_ms"]) > 2 * d["se_ms"] if d["n"] >= 3 else None}
     out: dict[str, Any] = {
         "kind": "win", "mean_below_both": kv["ttft_mean_ms"] < min(sh["ttft_mean_ms"], lb["ttft_mean_ms"]),
         "p95_below_both": kv["ttft_p95_ms"] < min(sh["ttft_p95_ms"], lb["ttft_p95_ms"])}
@@ -199,8 +204,10 @@ def print_cell(s: dict[str, Any]) -> None:
 
 def verdict_text(v: dict[str, Any]) -> str:
     if v["kind"] == "control":
+        paired = "" if v.get("differs_run_by_run") is None else \
+            f"; differs run by run beyond the noise: {v['differs_run_by_run']}"
         return (f"within noise of least-busy: {v['within_noise']} ({v['kv_minus_least_busy_ms']:+.0f} ms, spread "
-                f"{v['least_busy_spread_ms']:.0f})")
+                f"{v['least_busy_spread_ms']:.0f}{paired})")
     def clear(key: str) -> str:
         return "" if v.get(key) is None else f" (beyond the noise, run by run: {v[key]})"
 

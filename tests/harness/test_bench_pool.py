@@ -59,6 +59,7 @@ def test_pool_merges_runs_by_cell_and_judges_the_pooled_means(bench: ModuleType,
     v = unique["verdict"]
     assert v["kind"] == "control" and v["kv_minus_least_busy_ms"] == pytest.approx(0.0)
     assert v["least_busy_spread_ms"] == pytest.approx(40.0) and v["within_noise"] is True
+    assert v["differs_run_by_run"] is None  # two runs: no standard error to judge by
     md = bench.pool_markdown(pooled)
     assert "| chat | 6.81 | litellm-kv | 3 | 380 (340-450" in md and "lower in 2/3" in md
 
@@ -114,3 +115,17 @@ def test_markdown_says_how_the_rounds_drew_their_requests(bench: ModuleType) -> 
         ", every run the same requests (draw 3)"
     assert bench.arrivals_text({"runs": 5, "arrivals": "vary", "first_draw": 10}) == \
         ", each round its own requests (draws 10-14)"
+
+
+def test_control_verdict_judges_the_run_by_run_difference(bench: ModuleType) -> None:
+    """With each round its own draw, the per-run means spread with the draws; the paired difference does not."""
+    lb = [150.0, 250.0, 350.0, 200.0]
+    routings = {g: {"ttft_mean_ms": 0.0, "ttft_p95_ms": 0.0} for g in (SHUFFLE, LEAST_BUSY, KV)}
+    for kv, differs in (([160.0, 262.0, 358.0, 211.0], True), ([140.0, 262.0, 345.0, 210.0], False)):
+        routings[KV]["ttft_mean_ms"], routings[LEAST_BUSY]["ttft_mean_ms"] = sum(kv) / 4, sum(lb) / 4
+        pairs = bench.paired_all({SHUFFLE: {"mean": lb, "p95": lb}, LEAST_BUSY: {"mean": lb, "p95": lb},
+                                  KV: {"mean": kv, "p95": kv}})
+        v = bench.verdict("unique", routings, lb, pairs)
+        assert v["within_noise"] is True  # within the 200 ms spread of least-busy's runs either way
+        assert v["differs_run_by_run"] is differs, kv
+        assert ("differs run by run beyond the noise: " + str(differs)) in bench.verdict_text(v)
