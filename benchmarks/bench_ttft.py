@@ -338,6 +338,27 @@ def plots(results: dict[str, Any], out_dir: Path) -> None:
         plot(pts, out_dir / f"ttft_{name}.png", title)
 
 
+def pool_plots(pooled: dict[str, Any], out_dir: Path) -> list[Path]:
+    """ttft_<workload>-pooled.png: each routing's pooled TTFT mean and mean per-run p95 against load (the load
+    fraction where every cell of the workload has one, else the rate), from :func:`pool`'s result."""
+    out = []
+    for name in dict.fromkeys(c["workload"] for c in pooled["cells"]):
+        cells = [c for c in pooled["cells"] if c["workload"] == name]
+        by_fraction = all(c.get("load_fraction") is not None for c in cells)
+        pts = sorted((c["load_fraction"] if by_fraction else c["rate"],
+                      {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
+                     for c in cells)
+        runs, benches = min(c["routings"][KV]["runs"] for c in cells), min(c["benches"] for c in cells)
+        title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\npooled over {benches} benches, "
+                 f"{runs} runs per routing per load (p95: the mean of the per-run p95s)")
+        xlabel = ("load (fraction of what the fleet serves without cache hits)" if by_fraction
+                  else "offered load (requests/s)")
+        path = out_dir / f"ttft_{name}-pooled.png"
+        plot(pts, path, title, xlabel)
+        out.append(path)
+    return out
+
+
 async def main_async(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -445,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-overrides", default="", help="JSON merged into the KV group's kv settings (A-B of settings)")
     ap.add_argument("--json", default="")
     ap.add_argument("--markdown", default="")
-    ap.add_argument("--plot-dir", default="", help="write ttft_<workload>.png (TTFT against load) here")
+    ap.add_argument("--plot-dir", default="",
+                    help="write ttft_<workload>.png (TTFT against load) here; with --pool, ttft_<workload>-pooled.png")
     ap.add_argument("--replot", default="", help="only re-render --markdown/--plot-dir from this --json file")
     ap.add_argument("--pool", nargs="+", default=[], metavar="JSON",
                     help="only pool these --json files of earlier runs by cell and print (and --markdown, --json) "
@@ -459,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.markdown).write_text(md + "\n")
         if args.json:
             Path(args.json).write_text(json.dumps(pooled, indent=1))
+        if args.plot_dir:
+            for path in pool_plots(pooled, Path(args.plot_dir)):
+                print(f"[bench] wrote {path}")
         return 0
     if args.replot:
         results = json.loads(Path(args.replot).read_text())

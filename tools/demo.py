@@ -47,8 +47,9 @@ DEMO_CHAT = {"groups": 8, "users_per_group": 2, "turns": 2, "system_tokens": 250
              "reply_tokens": 40}
 
 
-def plot(points: list[tuple[float, dict[str, tuple[float, float]]]], path: Path, title: str) -> None:
-    """TTFT mean and p95 (ms) against offered load, one line per routing; ``points``: (rate, {routing: (mean,
+def plot(points: list[tuple[float, dict[str, tuple[float, float]]]], path: Path, title: str,
+         xlabel: str = "offered load (requests/s)") -> None:
+    """TTFT mean and p95 (ms) against offered load, one line per routing; ``points``: (load, {routing: (mean,
     p95)}) per load level (also used by benchmarks/bench_ttft.py)."""
     import matplotlib
 
@@ -63,7 +64,7 @@ def plot(points: list[tuple[float, dict[str, tuple[float, float]]]], path: Path,
         for k, ax in enumerate(axes):
             ax.plot(xs, [row[g][k] for _, row in points], marker=marker, color=color, label=LABELS[g])
     for ax, what in zip(axes, ("TTFT mean (ms)", "TTFT p95 (ms)"), strict=True):
-        ax.set_xlabel("offered load (requests/s)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(what)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)

@@ -129,3 +129,17 @@ def test_control_verdict_judges_the_run_by_run_difference(bench: ModuleType) -> 
         assert v["within_noise"] is True  # within the 200 ms spread of least-busy's runs either way
         assert v["differs_run_by_run"] is differs, kv
         assert ("differs run by run beyond the noise: " + str(differs)) in bench.verdict_text(v)
+
+
+def test_pool_plots_one_png_per_workload_against_the_load_fraction(bench: ModuleType, tmp_path: Path) -> None:
+    def cell(workload: str, rate: float, fraction: float, kv: float) -> dict[str, Any]:
+        c = _cell(workload, rate, {SHUFFLE: [100.0, 120.0], LEAST_BUSY: [110.0, 100.0], KV: [kv, kv]},
+                  {SHUFFLE: [200.0, 220.0], LEAST_BUSY: [210.0, 230.0], KV: [2 * kv, 2 * kv]})
+        return {**c, "load_fraction": fraction, "rate_from_capacity": True}
+
+    payload = {"capacity_req_s": 10.0, "cells": [cell("chat", 5.0, 0.5, 90.0), cell("chat", 9.0, 0.9, 95.0),
+                                                 cell("fanout", 5.0, 0.5, 80.0)]}
+    (tmp_path / "a.json").write_text(json.dumps(payload))
+    paths = bench.pool_plots(bench.pool([str(tmp_path / "a.json")]), tmp_path / "img")
+    assert [p.name for p in paths] == ["ttft_chat-pooled.png", "ttft_fanout-pooled.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
