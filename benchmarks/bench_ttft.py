@@ -327,11 +327,15 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _mean_p95(cell: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """A cell's plotted figures: each routing's TTFT mean and p95 (ms)."""
+    return {g: (cell["routings"][g]["ttft_mean_ms"], cell["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS}
+
+
 def plots(results: dict[str, Any], out_dir: Path) -> None:
     """ttft_<workload>.png: TTFT mean and p95 against load, one line per routing."""
     for name in dict.fromkeys(c["workload"] for c in results["cells"]):
-        pts = [(c["rate"], {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
-               for c in results["cells"] if c["workload"] == name]
+        pts = [(c["rate"], _mean_p95(c)) for c in results["cells"] if c["workload"] == name]
         model = "tiny Qwen2.5-VL" if results.get("vl") else "ttft"
         title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\n{results['replicas']} vLLM CPU replicas, {model} "
                  f"model; each point pools {results['runs']} runs per routing (A-B-C-C-B-A-A-B-C)")
@@ -345,9 +349,8 @@ def pool_plots(pooled: dict[str, Any], out_dir: Path) -> list[Path]:
     for name in dict.fromkeys(c["workload"] for c in pooled["cells"]):
         cells = [c for c in pooled["cells"] if c["workload"] == name]
         by_fraction = all(c.get("load_fraction") is not None for c in cells)
-        pts = sorted((c["load_fraction"] if by_fraction else c["rate"],
-                      {g: (c["routings"][g]["ttft_mean_ms"], c["routings"][g]["ttft_p95_ms"]) for g in ROUTINGS})
-                     for c in cells)
+        pts = sorted(((c["load_fraction"] if by_fraction else c["rate"], _mean_p95(c)) for c in cells),
+                     key=lambda pt: pt[0])
         runs, benches = min(c["routings"][KV]["runs"] for c in cells), min(c["benches"] for c in cells)
         title = (f"{field.make(name, 1.0, **SIZES[name]).describe}\npooled over {benches} benches, "
                  f"{runs} runs per routing per load (p95: the mean of the per-run p95s)")

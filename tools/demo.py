@@ -102,7 +102,7 @@ async def main_async(args: argparse.Namespace) -> int:
         comps: list[Comparison] = []
         for rate in rates:
             def make(i: int, r: float = rate) -> field.Workload:
-                return field.chat_workload(rate=r, seed=args.seed + field.DRAW_STRIDE * i, **sizes)
+                return field.chat_workload(rate=r, seed=field.draw_seed(args.seed, i), **sizes)
 
             comp = await abc_cba(bed, make, rate, runs=2, max_tokens=args.max_tokens)
             comps.append(comp)

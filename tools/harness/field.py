@@ -186,13 +186,15 @@ def make(name: str, rate: float, seed: int | None = None, draw: int = 0, **sizes
     fn = WORKLOADS[name]
     kw: dict[str, Any] = dict(sizes)
     if seed is None and draw:
-        seed = int(inspect.signature(fn).parameters["seed"].default) + DRAW_STRIDE * draw
+        seed = draw_seed(int(inspect.signature(fn).parameters["seed"].default), draw)
     if seed is not None:
         kw["seed"] = seed
     return fn(rate=rate, **kw)  # type: ignore[operator]
 
 
-DRAW_STRIDE = 1009  # seed step between successive draws of one workload
+def draw_seed(seed: int, draw: int) -> int:
+    """The seed of draw ``draw`` of a workload whose draw 0 is ``seed``."""
+    return seed + 1009 * draw
 
 
 # -- sending ---------------------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class Comparison:
 
     def workload_of(self, run: int) -> Workload:
         """The requests of every routing's ``run``-th run (its round's)."""
-        return self.workloads[min(run, len(self.workloads) - 1)]
+        return self.workloads[run]
 
     def pooled(self, routing: str) -> OpenLoopRun:
         rs = self.runs[routing]
