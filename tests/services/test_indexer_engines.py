@@ -635,8 +635,10 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
         handoff, renew = UNREACHABLE["lease_unreachable_handoff_s"], UNREACHABLE["lease_renew_interval_s"]
         bound = 3.0 + handoff + 2 * renew + BRING_UP_S
         assert recovered <= bound, f"followed again {recovered:.2f}s after P's claim, over {bound}s"
-        # The share settles around the partition: P follows engine 0, Q keeps engine 1.
-        t_settled = wait_for(lambda: followed(p) | followed(q) == everyone and len(followed(p)) == 1, 30, "shares")
+        # The share settles around the partition: P follows engine 0, Q keeps engine 1, and P has let engine 1 go
+        # (a giver keeps a replica until a second round finds it taken).
+        t_settled = wait_for(lambda: followed(p) | followed(q) == everyone and len(followed(p)) == 1
+                             and cut not in {r["replica"] for r in p.health()["replicas"] if r["owned"]}, 30, "shares")
         assert followed(p) == everyone - {cut}
         t_watch = time.monotonic()
         while time.monotonic() < t_watch + 3.0:  # within P's cooldown: engine 1 stays Q's

@@ -280,6 +280,41 @@ async def test_lease_indexers_keep_their_replicas_while_redis_is_down_and_settle
         server.stop()
 
 
+async def test_lease_a_hand_over_leaves_no_gap_whatever_order_the_rounds_answer_in() -> None:
+    """Two indexers' rounds can answer in either order: the giver may hear that the taker holds the lease before the
+    taker does. The giver keeps following the replica until a second round agrees, so it is never left unfollowed.
+    The rounds are run by hand, one at a time, so the bad order happens every time."""
+    server = RedisServer(name="redis-lease-order")
+    replicas = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    a = Indexer(lease_settings(server.url, "a", replicas))
+    b = Indexer(lease_settings(server.url, "b", replicas))
+    assert a.leases is not None and b.leases is not None
+
+    async def round_of(ix: Indexer) -> LeaseRound:
+        assert ix.leases is not None
+        return await ix.leases.renew("g", replicas, ())
+
+    try:
+        a._apply_round("g", await round_of(a))
+        assert held(a) == set(replicas)
+        await round_of(b)  # b is live: a's next round offers the lease past its share
+        a._apply_round("g", await round_of(a))
+        taken = await round_of(b)  # b takes the offered lease ...
+        moved = sorted(taken.owned_by("b"))
+        assert len(moved) == 1
+        a._apply_round("g", await round_of(a))  # ... and a hears of it first
+        assert held(a) == set(replicas) and held(b) == set()  # a still follows it
+        b._apply_round("g", taken)
+        assert held(b) == set(moved)
+        a._apply_round("g", await round_of(a))  # a second round agrees: a stops following it
+        assert held(a) == set(replicas) - set(moved) and held(b) == set(moved)
+        assert a.health()["replicas"][replicas.index(moved[0])]["owner"] == "b"
+    finally:
+        await a.stop()
+        await b.stop()
+        server.stop()
+
+
 async def test_lease_indexers_that_cannot_reach_the_engines_give_them_up_a_bounded_number_of_times() -> None:
     """No indexer reaches the replicas (their engine HTTP API refuses connections): each holder gives its replicas
     up after the hand-off time, says so on /health and in its metrics, and the leases then move only as cooldowns

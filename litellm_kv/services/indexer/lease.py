@@ -12,8 +12,10 @@ that, atomically and on Redis's clock,
 * claims leases other indexers *offer* (they hold more than their share) while below the share;
 * renews the indexer's own leases (``lkv:{G}:leases``, replica -> ``owner|deadline|offered``), offering
   those past its share. An offered lease stays its owner's until another indexer takes it: the owner keeps
-  following the replica, so a hand-over never leaves it unfollowed (both follow it for up to one round,
-  which the apply script's ``(stream, seq)`` dedupe makes harmless);
+  following the replica, so a hand-over never leaves it unfollowed. It stops only when two of its rounds in a
+  row find another holder: two indexers' rounds may answer in either order, so the first may reach the giver
+  before the taker has heard of its own claim. Both follow the replica for one to two rounds, which the apply
+  script's ``(stream, seq)`` dedupe makes harmless;
 * gives up the replicas the indexer names as ones it cannot follow (the service decides: it has failed to
   reach the engine for ``lease_unreachable_handoff_s``). Such a lease is taken by the next round of any live
   indexer that has not given that replica up itself, whatever its share; the giver keeps it (and keeps trying)
