@@ -57,7 +57,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from litellm_kv.vllm.tokenization import LocalChatTokenizer
-from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, replica_ports, stop_replicas
+from tools.harness.engines import SERVED_NAME, EngineReplica, ensure_model, start_replicas, stop_replicas
 from tools.harness.procs import ARTIFACTS, ROOT, ManagedProcess, free_port
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxy
 from tools.harness.redis_cluster import RedisClusterServers
@@ -255,20 +255,9 @@ def long_model() -> Path:
 
 
 def start_engines(kv_cache_bytes: str) -> list[EngineReplica]:
-    model = long_model()
-    reps = [EngineReplica(name=f"bench-r{i}", port=port, model_dir=model, kv_cache_bytes=kv_cache_bytes,
-                          extra_args=("--max-model-len", str(MAX_MODEL_LEN)), events_port=events_port,
-                          replay_port=replay_port)
-            for i, (port, events_port, replay_port) in enumerate(replica_ports(2))]
-    try:
-        for r in reps:
-            r.start()
-        for r in reps:
-            r.wait_ready()
-    except BaseException:
-        stop_replicas(reps)
-        raise
-    return reps
+    """Two replicas of the long-context copy of the tiny model (a start that loses a port is retried)."""
+    return start_replicas(2, kv_cache_bytes=kv_cache_bytes, model_dir=long_model(), max_model_len=MAX_MODEL_LEN,
+                          name_prefix="bench-r")
 
 
 def proxy_config(engines: list[EngineReplica], model_dir: str, mode: str, redis: dict[str, Any] | None,

@@ -239,6 +239,7 @@ def start_replicas(
     timeout: float = START_TIMEOUT_S,
     model: str = "tiny",
     max_model_len: int = 4096,
+    model_dir: Path | None = None,
 ) -> list[EngineReplica]:
     """Start ``n`` replicas in parallel and wait until each answers ``/health``.
     On failure every replica started here is stopped and the error shows the engine log.
@@ -248,8 +249,8 @@ def start_replicas(
     machines), so a failed start is retried once on fresh ports.
 
     ``model``: a ``build_model.py`` variant (``tiny``, or ``ttft`` for the TTFT testbed with
-    ``max_model_len`` up to 16384)."""
-    model_dir = ensure_model(MODEL_DIRS[model], model)
+    ``max_model_len`` up to 16384); ``model_dir``: a model already built elsewhere, served instead."""
+    model_dir = model_dir or ensure_model(MODEL_DIRS[model], model)
     for attempt in (1, 2):
         reps = [
             EngineReplica(
