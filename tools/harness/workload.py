@@ -45,7 +45,8 @@ class Conversation:
 # The routing comparison (tests, demo): 24 conversations, each with its own short system prompt, 5 turns. One
 # workload needs ~440 distinct blocks of 32 tokens: more than one test replica holds (256), less than two.
 # simple-shuffle's cached ratio on it varies run to run with its random choices (measured by replaying
-# the same requests through an LRU model: 0.39 +- 0.03 over 16 seeds), so comparisons run two workloads.
+# the same requests through an LRU model: 0.39 +- 0.03 over 16 seeds; more on real engines), so comparisons
+# pool three workloads.
 COMPARISON = {"groups": 24, "convs_per_group": 1, "turns": 5, "system_words": 80, "user_words": 15}
 COMPARISON_SEEDS = (5, 6, 7)
 
