@@ -117,9 +117,6 @@ class ReplicaRuntime:
     owned: bool = True  # assignment: lease: this indexer holds the replica's lease (static: always)
     owner: str | None = None  # assignment: lease: who holds it, as the last round saw ('' : nobody)
     gave_up: str = ""  # assignment: lease: offered or kept when the last round gave it up, else ''
-    # assignment: lease: the holder a round saw instead of this indexer while it still follows the replica (None:
-    # the last round left the lease here). It stops following when the next round agrees.
-    leaving_to: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # streams start and stop one at a time
     engine_failing_since: float | None = None  # monotonic: first failed engine HTTP call since the last that worked
     engine_failure: str = ""
@@ -488,12 +485,10 @@ class Indexer:
         owned = 0
         for rid, owner in rnd.owners.items():
             rt = self.replicas[(group, rid)]
-            rt.owner = owner
+            before, rt.owner = rt.owner, owner
             mine = owner == me
             owned += mine
             self._note_give_up(rt, rnd.gave_up.get(rid, "") if mine else "")
-            if mine:
-                rt.leaving_to = None
             if mine and not rt.owned:
                 rt.owned = True
                 rt.engine_started = None  # its restarts so far were its previous owner's to handle
@@ -502,12 +497,10 @@ class Indexer:
                 CLAIMS.labels(group, kind).inc()
                 log.info("indexer %s: follows %s of %s (%s lease)", me, rid, group, kind)
                 self._change(self._bring_up(rt))
-            elif not mine and rt.owned and rt.leaving_to != owner:
-                # Its new holder may not have heard of its own claim yet (rounds answer in any order): keep
-                # following until the next round, so a hand-over never leaves the replica unfollowed.
-                rt.leaving_to = owner
-            elif not mine and rt.owned:
-                rt.owned, rt.leaving_to = False, None
+            elif not mine and rt.owned and owner == before:
+                # Stopped only when the previous round saw the same holder: its new holder may not have heard of
+                # its own claim yet (rounds answer in any order), so a hand-over never leaves the replica unfollowed.
+                rt.owned = False
                 DROPS.labels(group).inc()
                 log.info("indexer %s: hands %s of %s over to %s", me, rid, group, owner or "nobody")
                 self._change(self._stop_streams(rt))
