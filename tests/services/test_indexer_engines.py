@@ -467,6 +467,11 @@ def followed(ix: Indexer) -> set[str]:
     return {r["replica"] for r in ix.health()["replicas"] if r["owned"] and r["connected"]}
 
 
+def held(ix: Indexer) -> set[str]:
+    """Replicas ``ix`` follows or tries to: it holds their lease, or is handing it over."""
+    return {r["replica"] for r in ix.health()["replicas"] if r["owned"]}
+
+
 def settle_owned(ix: Indexer, timeout: float = 10.0) -> None:
     """:func:`settle` over the replicas whose lease ``ix`` holds."""
     deadline = time.monotonic() + timeout
@@ -622,7 +627,7 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
         t.start()
         p.start()
         assert p.proc is not None and q.proc is not None
-        t_claim = wait_for(lambda: cut in {r["replica"] for r in p.health()["replicas"] if r["owned"]}, 30,
+        t_claim = wait_for(lambda: cut in held(p), 30,
                            "P takes engine 1 by hand-over")
         t_failed = wait_for(lambda: any(r["replica"] == cut and r["unreachable_s"] is not None
                                         for r in p.health()["replicas"]), 30, "P sees it cannot follow engine 1")
@@ -638,11 +643,11 @@ def test_lease_an_engine_one_indexer_cannot_reach_is_followed_by_the_other(engin
         # The share settles around the partition: P follows engine 0, Q keeps engine 1, and P has let engine 1 go
         # (a giver keeps a replica until a second round finds it taken).
         t_settled = wait_for(lambda: followed(p) | followed(q) == everyone and len(followed(p)) == 1
-                             and cut not in {r["replica"] for r in p.health()["replicas"] if r["owned"]}, 30, "shares")
+                             and cut not in held(p), 30, "shares")
         assert followed(p) == everyone - {cut}
         t_watch = time.monotonic()
         while time.monotonic() < t_watch + 3.0:  # within P's cooldown: engine 1 stays Q's
-            assert cut in followed(q) and cut not in {r["replica"] for r in p.health()["replicas"] if r["owned"]}
+            assert cut in followed(q) and cut not in held(p)
             time.sleep(0.1)
         t.stop()
         assert metric(q, "litellm_kv_indexer_lease_claims_total", kind="unreachable", model_group=GROUP) == 1
