@@ -17,17 +17,20 @@
 The others (all but the schema and the page's static files) need a proxy admin key (``Authorization: Bearer
 <master key>`` or an admin virtual key, such as the one LiteLLM's admin UI signs in with).
 Registering the routes also puts :mod:`litellm_kv.integration.metadata_gate` in front of the app, so
-key and team writes with malformed litellm-kv metadata are refused before LiteLLM stores them.
+key and team writes with malformed litellm-kv metadata are refused before LiteLLM stores them, and
+:mod:`litellm_kv.integration.early_tokenize`, which starts encoding a long prompt while LiteLLM authenticates it.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations, and as
 # strings it cannot resolve names imported inside register() (POST /route then answered 422, taking its
 # ``request: Request`` parameter for a query field).
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from litellm_kv.config import Settings
 from litellm_kv.governance.metadata import metadata_json_schema
+from litellm_kv.integration.early_tokenize import install as install_early_tokenize
 from litellm_kv.integration.governance import GroupNames
 from litellm_kv.integration.hooks import Handler
 from litellm_kv.integration.metadata_gate import install as install_metadata_gate
@@ -129,7 +132,15 @@ def register(callback: HandlerSet | Handler) -> None:
     install_metadata_gate(app, lambda: callback.settings.metadata_key)
     # Pass-through routes skip every hook: those that would reach a governed engine are refused (see passthrough_gate).
     install_passthrough_gate(app, lambda: callback.group_names)
+    # A long prompt's encoding starts while LiteLLM authenticates the request (see early_tokenize).
+    install_early_tokenize(app, lambda: _kv_groups(callback))
     _registered = True
+
+
+def _kv_groups(callback: HandlerSet) -> Mapping[str, Any]:
+    """The KV-routed groups by name, once started ({} before, or without KV routing)."""
+    kv = callback.handler("kv")
+    return getattr(kv, "groups", None) or {}
 
 
 #: Headers of the page's files: nothing from elsewhere runs in it, nobody frames it, nothing is cached.

@@ -26,6 +26,7 @@ from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisTarget, RedisUse, connect
 from litellm_kv.routing.cost import CostModel, CostSettings
+from litellm_kv.routing.early_tokens import EarlyTokens
 from litellm_kv.routing.fleet import Fleet
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
 from litellm_kv.routing.options import KVRoutingSettings
@@ -48,6 +49,7 @@ from litellm_kv.vllm.tokenization import (
     LocalChatTokenizer,
     PromptTooLong,
     TemplateError,
+    chat_template_kwargs_for,
 )
 
 log = logging.getLogger("litellm_kv")
@@ -163,6 +165,7 @@ class KVGroup:
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.tokenizer: LocalChatTokenizer | None = None
+        self.early: EarlyTokens | None = None  # the verified tokenizer's segments encoded before the decision
         self.tokenizer_state = "engine"
         self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
         self._candidate_tokenizer: LocalChatTokenizer | None = None
@@ -261,6 +264,8 @@ class KVGroup:
                 ok = False
             if ok:
                 self.tokenizer = tok
+                if self.options.early_tokenize_chars > 0:
+                    self.early = EarlyTokens(self.name, tok, self.options.early_tokenize_chars)
                 self.tokenizer_state = f"local (verified, {fmt} content, fast BPE {tok.fast_bpe_state})"
                 log.info("litellm-kv: %s tokenizes locally (verified against /tokenize; fast BPE %s)",
                          self.name, tok.fast_bpe_state)
@@ -307,12 +312,35 @@ class KVGroup:
         return list(ids), "engine"
 
     async def _encode(self, text: str) -> list[int]:
-        """The local tokenizer's ids for a rendered prompt: on the event loop, or, for a prompt long enough to hold
-        it (``OFF_LOOP_CHARS``), in a worker thread, without the segment memo (the loop's own)."""
+        """The local tokenizer's ids for a rendered prompt: the segments encoded early (:meth:`tokenize_early`)
+        taken from there, the rest on the event loop, or, for a prompt long enough to hold it
+        (``OFF_LOOP_CHARS``), in a worker thread, without the segment memo (the loop's own)."""
         assert self.tokenizer is not None
-        if len(text) <= OFF_LOOP_CHARS:
+        off_loop = len(text) > OFF_LOOP_CHARS
+        if self.early is not None and len(self.early):
+            return await self.early.encode(text, off_loop)
+        if not off_loop:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text, False)
+
+    def tokenize_early(self, body: Mapping[str, Any]) -> int:
+        """A chat body just arrived, before LiteLLM's authentication and hooks: queue the long segments of its
+        prompt, as :meth:`tokens` will render it, for the early encoder (:mod:`litellm_kv.routing.early_tokens`).
+        The number of segments queued; 0 for anything but a text chat request this group tokenizes locally.
+        Nothing here is trusted: the decision uses a segment's ids only for the very text it renders itself."""
+        early, tok = self.early, self.tokenizer
+        messages = body.get("messages")
+        if early is None or tok is None or self.options.tokenizer == "engine" or not isinstance(messages, list):
+            return 0
+        if any(isinstance(m, Mapping) and isinstance(m.get("content"), list)
+               and any(not isinstance(p, Mapping) or p.get("type") != "text" for p in m["content"])
+               for m in messages):
+            return 0  # media: the decision renders those another way
+        tools = body.get("tools")
+        text = tok.render_chat(messages, tools if isinstance(tools, list) and tools else None,
+                               not bool(body.get("continue_final_message")), chat_template_kwargs_for(body),
+                               max_tokens=self.fleet.max_model_len())
+        return early.start(text)
 
     async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
         client = self._any_client()
@@ -326,6 +354,9 @@ class KVGroup:
         if list(want) != ids:
             TOKENIZER_MISMATCH.labels(self.name).inc()
             self.tokenizer = None
+            if self.early is not None:
+                self.early.clear()
+                self.early = None
             self.tokenizer_state = "engine (local tokenizer disagreed with /tokenize on a live request)"
             log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
 

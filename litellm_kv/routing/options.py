@@ -44,6 +44,14 @@ class KVRoutingSettings:
         "beyond it. 0 keeps none.",
         default=2**21,
     )
+    early_tokenize_chars: int = doc(
+        "With a verified local tokenizer, encode each segment of a chat prompt (a message's text between special "
+        "tokens) of at least this many characters that the memo lacks in a worker thread as soon as the request's "
+        "body arrives, before LiteLLM's authentication and hooks, so that the routing decision finds its tokens "
+        "ready (docs/performance.md). Only requests that carry an API key and a Content-Length are looked at; one "
+        "thread, a few segments queued at most. 0: off (the decision encodes the whole prompt itself).",
+        default=4096,
+    )
     verify_every: int = doc(
         "With a local tokenizer, compare its tokens with the engine's /tokenize on 1 request in N "
         "(in the background). A mismatch switches the group to the engine path. 0 disables sampling.",
@@ -152,5 +160,7 @@ class KVRoutingSettings:
             raise ValueError("inflight_ttl_s must be positive")
         if self.tokenizer_memo_tokens < 0:
             raise ValueError("tokenizer_memo_tokens must be >= 0")
+        if self.early_tokenize_chars < 0:
+            raise ValueError("early_tokenize_chars must be >= 0 (0: off)")
         if self.tokenizer == "local" and not self.tokenizer_path:
             raise ValueError("tokenizer: local needs tokenizer_path")

@@ -161,9 +161,8 @@ class LocalChatTokenizer:
             raise TemplateError(f"chat template failed: {exc}") from exc
 
     def _encode_segment(self, text: str, memo: bool = True) -> tuple[int, ...]:
-        ids = self._cache.get(text) if memo else None
+        ids = self.memo_get(text) if memo else None
         if ids is not None:
-            self._cache.move_to_end(text)
             return ids
         if self._fast is not None:
             try:
@@ -172,29 +171,58 @@ class LocalChatTokenizer:
                 ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
         else:
             ids = tuple(self._tok.encode(text, add_special_tokens=False).ids)
-        if memo and len(ids) <= self._cache_tokens:
-            self._cache[text] = ids
-            self.memo_tokens += len(ids)
-            while len(self._cache) > self._cache_size or self.memo_tokens > self._cache_tokens:
-                self.memo_tokens -= len(self._cache.popitem(last=False)[1])
+        if memo:
+            self.remember(text, ids)
         return ids
 
     def encode(self, text: str, memo: bool = True) -> list[int]:
         """Token ids of ``text`` without added BOS/EOS (as vLLM tokenizes a rendered chat). ``memo=False`` neither
         reads nor writes the segment memo, which only the event loop's thread may touch: for an encode run in
         another thread."""
-        if self._split is None:
-            return list(self._encode_segment(text, memo))
         out: list[int] = []
-        for piece in self._split.split(text):
-            if not piece:
-                continue
-            sid = self._special_ids.get(piece)
-            if sid is not None:
-                out.append(sid)
+        for piece in self.pieces(text):
+            if isinstance(piece, int):
+                out.append(piece)
             else:
                 out.extend(self._encode_segment(piece, memo))
         return out
+
+    def pieces(self, text: str) -> list[str | int]:
+        """``text`` cut at its added tokens: the id of each added token, the text of each segment between them
+        (which the tokenizer never merges across, so each encodes on its own)."""
+        if self._split is None:
+            return [text] if text else []
+        out: list[str | int] = []
+        for piece in self._split.split(text):
+            if piece:
+                sid = self._special_ids.get(piece)
+                out.append(piece if sid is None else sid)
+        return out
+
+    def encode_segment(self, text: str) -> tuple[int, ...]:
+        """One segment's ids (no added token in it), without the memo: safe in any thread."""
+        return self._encode_segment(text, memo=False)
+
+    def memo_get(self, text: str) -> tuple[int, ...] | None:
+        """The memo's ids for a segment, or None (the event loop's thread only)."""
+        ids = self._cache.get(text)
+        if ids is not None:
+            self._cache.move_to_end(text)
+        return ids
+
+    def memo_has(self, text: str) -> bool:
+        return text in self._cache
+
+    def remember(self, text: str, ids: tuple[int, ...]) -> None:
+        """Keep a segment's ids encoded elsewhere in the memo, within its bounds (the event loop's thread only)."""
+        if text in self._cache:
+            self._cache.move_to_end(text)
+            return
+        if len(ids) <= self._cache_tokens:
+            self._cache[text] = ids
+            self.memo_tokens += len(ids)
+            while len(self._cache) > self._cache_size or self.memo_tokens > self._cache_tokens:
+                self.memo_tokens -= len(self._cache.popitem(last=False)[1])
 
     def chat_tokens(
         self,

@@ -412,6 +412,37 @@ def _chat(proxy: Proxy, model: str, messages: list[dict[str, Any]], key: str = M
                       headers={"Authorization": f"Bearer {key}"})
 
 
+def test_a_long_prompt_is_encoded_while_litellm_authenticates_it(proxy: Proxy) -> None:
+    """``early_tokenize_chars`` (on by default): a long new system prompt's segment is encoded in the worker thread
+    from the body's arrival, the decision takes it from there (``ready``, or ``waited`` on a slow machine), and the
+    prediction it routes with is still exact: the second request's predicted cached tokens are the engine's."""
+    assert _local_tokenizer(proxy).startswith("local (verified")
+    before = _metric(proxy, "litellm_kv_early_tokenize_segments_total")
+    checks = _metric(proxy, "litellm_kv_prediction_checks_total")
+    system = " ".join(f"early{i} segment" for i in range(300))  # ~5K characters, ~2K tokens, never sent before
+    for turn in range(2):
+        r = _chat(proxy, KV, [{"role": "system", "content": system}, {"role": "user", "content": f"turn {turn}"}])
+        assert r.status_code == 200, r.text
+    after = _metric(proxy, "litellm_kv_early_tokenize_segments_total")
+    took = {k: after[k] - before.get(k, 0) for k in after if f'model_group="{KV}"' in k and after[k] > before.get(k, 0)}
+    print(f"\nearly tokenize: {took}")
+    used = sum(v for k, v in took.items() if 'outcome="ready"' in k or 'outcome="waited"' in k)
+    assert used == 1, took  # the first request's system prompt; the second found it in the memo
+    # No request without a key is looked at (LiteLLM refuses it; nothing is queued for it).
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=60, json={
+        "model": KV, "max_tokens": 2, "messages": [{"role": "system", "content": system + " anonymous"}]})
+    assert r.status_code in (400, 401), r.text
+    assert _metric(proxy, "litellm_kv_early_tokenize_segments_total") == after
+    exact = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
+
+    def checked() -> dict[str, float]:
+        now = _metric(proxy, "litellm_kv_prediction_checks_total")
+        return {k: now[k] - checks.get(k, 0) for k in now if now[k] != checks.get(k, 0)}
+
+    proxy.proc.wait_until(lambda: sum(checked().values()) >= 2, 10, "both predictions checked")
+    assert checked() == {exact: 2}
+
+
 def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:
     # The restart test before this one waits for the KV group only: the shadow group shares its engines, and its
     # subscriber may still be catching up with the restarted one (then nothing is predicted yet).
