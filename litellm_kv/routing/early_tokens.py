@@ -13,8 +13,8 @@ decision itself rendered, and encoding a text gives the same ids in any thread. 
 hooks change, or which never reaches the decision, only leaves an entry that ages out.
 
 Bounds: one worker thread for the whole process; at most :data:`MAX_QUEUED` segments waiting for it (past
-that nothing more is queued); at most ``max_entries`` segments per group held between their encode and their
-decision (the oldest dropped), none of them longer than ``max_chars``.
+that nothing more is queued); per group, at most ``max_entries`` segments of ``max_total_chars`` characters in
+all held between their encode and their decision (the oldest dropped first), none longer than ``max_chars``.
 """
 
 from __future__ import annotations
@@ -77,13 +77,15 @@ class EarlyTokens:
     runs on the event loop's thread; only ``_run`` (:meth:`SegmentTokenizer.encode_segment`) in the worker."""
 
     def __init__(self, group: str, tokenizer: SegmentTokenizer, min_chars: int, max_entries: int = 16,
-                 max_chars: int = 1 << 20) -> None:
+                 max_chars: int = 1 << 18, max_total_chars: int = 1 << 20) -> None:
         self.group = group
         self.tokenizer = tokenizer
         self.min_chars = min_chars
         self.max_entries = max_entries
         self.max_chars = max_chars
+        self.max_total_chars = max_total_chars
         self._entries: OrderedDict[str, concurrent.futures.Future[tuple[int, ...]]] = OrderedDict()
+        self._chars = 0  # characters of the segments held
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -101,17 +103,18 @@ class EarlyTokens:
                 continue
             fut = _executor().submit(self._run, piece)
             self._entries[piece] = fut
+            self._chars += len(piece)
             started += 1
-            while len(self._entries) > self.max_entries:
-                _, old = self._entries.popitem(last=False)
-                self._drop(old)
+            while len(self._entries) > self.max_entries or self._chars > self.max_total_chars:
+                self._drop(*self._entries.popitem(last=False))
         return started
 
     def _run(self, piece: str) -> tuple[int, ...]:
         _started()  # the worker thread has it: no longer queued
         return self.tokenizer.encode_segment(piece)
 
-    def _drop(self, fut: concurrent.futures.Future[tuple[int, ...]]) -> None:
+    def _drop(self, piece: str, fut: concurrent.futures.Future[tuple[int, ...]]) -> None:
+        self._chars -= len(piece)
         if fut.cancel():
             _started()
         EARLY_SEGMENTS.labels(self.group, "unused").inc()
@@ -128,6 +131,8 @@ class EarlyTokens:
                 out.append(piece)
                 continue
             fut = self._entries.pop(piece, None)
+            if fut is not None:
+                self._chars -= len(piece)
             ids = await self._take(fut) if fut is not None else None
             if ids is None:
                 ids = self.tokenizer.memo_get(piece)
@@ -154,7 +159,7 @@ class EarlyTokens:
 
     def clear(self) -> None:
         while self._entries:
-            self._drop(self._entries.popitem(last=False)[1])
+            self._drop(*self._entries.popitem(last=False))
 
 
 def _queue_one() -> bool:

@@ -313,8 +313,9 @@ class KVGroup:
 
     async def _encode(self, text: str) -> list[int]:
         """The local tokenizer's ids for a rendered prompt: the segments encoded early (:meth:`tokenize_early`)
-        taken from there, the rest on the event loop, or, for a prompt long enough to hold it
-        (``OFF_LOOP_CHARS``), in a worker thread, without the segment memo (the loop's own)."""
+        taken from there, the rest on the event loop; a prompt long enough to hold the loop (``OFF_LOOP_CHARS``)
+        has its long segments encoded in a worker thread (without the early table, the whole prompt, and without
+        the segment memo, the loop's own)."""
         assert self.tokenizer is not None
         off_loop = len(text) > OFF_LOOP_CHARS
         if self.early is not None and len(self.early):

@@ -220,3 +220,20 @@ def test_a_prompt_long_enough_to_hold_the_loop_is_encoded_off_it_with_entries_pe
     mine = [(len(t), name) for t, name in threads if t in tok.pieces(text)]
     assert [name != loop_thread for n, name in mine if n >= 4096] == [True]
     assert all(name == loop_thread for n, name in mine if n < 4096), mine
+
+
+def test_the_table_is_bounded_in_characters(tok: LocalChatTokenizer) -> None:
+    texts = [prompt(tok, 60 + i, words=400) for i in range(4)]
+    size = len(longest(tok, texts[0]))
+    early = EarlyTokens("g-chars", tok, 1024, max_total_chars=int(2.5 * size))
+
+    async def run() -> None:
+        for t in texts:
+            early.start(t)
+            await asyncio.sleep(0)
+        assert len(early) == 2 and early._chars == sum(len(p) for p in early._entries) <= 2.5 * size
+        assert all(longest(tok, t) in early._entries for t in texts[2:])
+        await early.encode(texts[3])
+        assert len(early) == 1 and early._chars == len(longest(tok, texts[2]))
+
+    asyncio.run(run())
