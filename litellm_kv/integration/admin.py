@@ -25,7 +25,6 @@ key and team writes with malformed litellm-kv metadata are refused before LiteLL
 # strings it cannot resolve names imported inside register() (POST /route then answered 422, taking its
 # ``request: Request`` parameter for a query field).
 import logging
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from litellm_kv.config import Settings
@@ -133,14 +132,8 @@ def register(callback: HandlerSet | Handler) -> None:
     # Pass-through routes skip every hook: those that would reach a governed engine are refused (see passthrough_gate).
     install_passthrough_gate(app, lambda: callback.group_names)
     # A long prompt's encoding starts while LiteLLM authenticates the request (see early_tokenize).
-    install_early_tokenize(app, lambda: _kv_groups(callback))
+    install_early_tokenize(app, lambda: callback.handler("kv"))
     _registered = True
-
-
-def _kv_groups(callback: HandlerSet) -> Mapping[str, Any]:
-    """The KV-routed groups by name, once started ({} before, or without KV routing)."""
-    kv = callback.handler("kv")
-    return getattr(kv, "groups", None) or {}
 
 
 #: Headers of the page's files: nothing from elsewhere runs in it, nobody frames it, nothing is cached.

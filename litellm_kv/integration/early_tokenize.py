@@ -1,11 +1,12 @@
 """Hand a chat request's prompt to the early encoder as soon as its body arrives (``kv.early_tokenize_chars``).
 
 An ASGI wrapper in front of the proxy's app: for a ``POST …/chat/completions`` that carries an API key and a
-``Content-Length`` (a few KiB to :data:`MAX_BODY_BYTES`), it reads the body, gives it to the model group it names
-(:meth:`litellm_kv.routing.group.KVGroup.tokenize_early`, which renders the prompt and queues its long segments for
-a worker thread) and replays the body to the app unchanged. What it costs the event loop is a JSON parse and a
-template render, a fraction of a millisecond at 8K tokens; the encode it starts would otherwise run inside the
-routing decision.
+``Content-Length`` (a few KiB to :data:`MAX_BODY_BYTES`), it reads the body and gives it, read as the routing
+hook reads it, to the model group it names (``KVRoutingHandler.tokenize_early``, then
+:meth:`litellm_kv.routing.group.KVGroup.tokenize_early`, which renders the prompt and queues its long segments
+for a worker thread), then replays the body to the app unchanged. What it costs the event loop is a JSON parse
+and a template render, a fraction of a millisecond at 8K tokens; the encode it starts would otherwise run inside
+the routing decision.
 
 This runs before LiteLLM authenticates the request, and decides nothing: the routing decision uses the ids
 only for the exact text it renders itself, after authentication and every hook. An unauthenticated caller can
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from litellm_kv.integration.asgi import ASGIApp, Message, Receive, Scope, Send, app_path, replay, wrap_app
@@ -78,9 +79,10 @@ def _replay_messages(messages: list[Message], receive: Receive) -> Receive:
 class EarlyTokenize:
     """ASGI wrapper: see the module's docstring."""
 
-    def __init__(self, app: ASGIApp, groups: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, app: ASGIApp, handler: Callable[[], Any]) -> None:
+        """``handler``: the KV routing handler, or None (not started, no KV routing)."""
         self.app = app
-        self.groups = groups
+        self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not worth_reading(scope):
@@ -98,18 +100,14 @@ class EarlyTokenize:
 
     def start(self, raw: bytes) -> int:
         """Queue the prompt's long segments with the group the body names; the number queued."""
-        groups = self.groups()
-        if not groups:
+        handler = self.handler()
+        if handler is None:
             return 0
         body = json.loads(raw)
-        model = body.get("model") if isinstance(body, dict) else None
-        group = groups.get(model) if isinstance(model, str) else None
-        if group is None:
-            return 0
-        return int(group.tokenize_early(body))
+        return int(handler.tokenize_early(body)) if isinstance(body, dict) else 0
 
 
-def install(app: Any, groups: Callable[[], Mapping[str, Any]]) -> None:
+def install(app: Any, handler: Callable[[], Any]) -> None:
     """Put the wrapper in front of ``app`` (a Starlette/FastAPI app), once (see :func:`asgi.wrap_app`)."""
-    wrap_app(app, "litellm_kv_early_tokenize", lambda inner: EarlyTokenize(inner, groups), EarlyTokenize,
-             groups=groups)
+    wrap_app(app, "litellm_kv_early_tokenize", lambda inner: EarlyTokenize(inner, handler), EarlyTokenize,
+             handler=handler)

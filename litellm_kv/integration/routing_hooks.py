@@ -459,6 +459,13 @@ class KVRoutingHandler(Handler):
         await self._finish(kwargs, None)
 
     # -- admin views ---------------------------------------------------------------------------------
+    def tokenize_early(self, body: Mapping[str, Any]) -> int:
+        """A chat body as it arrives, before authentication (``early_tokenize``): its long prompt segments queued
+        for the early encoder of the KV group it names; the number queued."""
+        model = body.get("model")
+        g = self.groups.get(model) if isinstance(model, str) else None
+        return g.tokenize_early(_chat_request(body, ())) if g is not None else 0
+
     def health(self, ttft_errors_since: int | None = None) -> dict[str, Any]:
         """What ``GET /litellm-kv/health`` shows of routing; ``ttft_errors_since``: see :meth:`KVGroup.status`."""
         return {

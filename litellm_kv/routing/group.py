@@ -49,7 +49,6 @@ from litellm_kv.vllm.tokenization import (
     LocalChatTokenizer,
     PromptTooLong,
     TemplateError,
-    chat_template_kwargs_for,
 )
 
 log = logging.getLogger("litellm_kv")
@@ -290,14 +289,10 @@ class KVGroup:
             # a prompt with images without processing them, so only the verified local tokenizer is used.
             if self.tokenizer is None or self.options.tokenizer == "engine":
                 raise _ImagesNeedLocal("image requests need the verified local tokenizer")
-            text = self.tokenizer.render_chat(messages, tools, add_gen, kwargs, content_format="openai",
-                                              max_tokens=self.fleet.max_model_len())
-            return await self._encode(text), "local"
+            return await self._encode(self._render(self.tokenizer, request, "openai")), "local"
         if self.tokenizer is not None and self.options.tokenizer != "engine":
             try:
-                text = self.tokenizer.render_chat(messages, tools, add_gen, kwargs,
-                                                  max_tokens=self.fleet.max_model_len())
-                ids = await self._encode(text)
+                ids = await self._encode(self._render(self.tokenizer, request))
                 self.requests += 1
                 if self.options.verify_every and self.requests % self.options.verify_every == 0:
                     spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
@@ -324,24 +319,21 @@ class KVGroup:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text, False)
 
-    def tokenize_early(self, body: Mapping[str, Any]) -> int:
-        """A chat body just arrived, before LiteLLM's authentication and hooks: queue the long segments of its
+    def _render(self, tok: LocalChatTokenizer, request: ChatRequest, content_format: str | None = None) -> str:
+        """The request's prompt as the local tokenizer renders it for the engine."""
+        return tok.render_chat(list(request.messages or []), request.tools, request.add_generation_prompt,
+                               request.chat_template_kwargs, content_format, max_tokens=self.fleet.max_model_len())
+
+    def tokenize_early(self, request: ChatRequest) -> int:
+        """A chat request just arrived, before LiteLLM's authentication and hooks: queue the long segments of its
         prompt, as :meth:`tokens` will render it, for the early encoder (:mod:`litellm_kv.routing.early_tokens`).
         The number of segments queued; 0 for anything but a text chat request this group tokenizes locally.
         Nothing here is trusted: the decision uses a segment's ids only for the very text it renders itself."""
         early, tok = self.early, self.tokenizer
-        messages = body.get("messages")
-        if early is None or tok is None or self.options.tokenizer == "engine" or not isinstance(messages, list):
-            return 0
-        if any(isinstance(m, Mapping) and isinstance(m.get("content"), list)
-               and any(not isinstance(p, Mapping) or p.get("type") != "text" for p in m["content"])
-               for m in messages):
+        if (early is None or tok is None or self.options.tokenizer == "engine" or request.messages is None
+                or request.has_unhashable_media or request.images):
             return 0  # media: the decision renders those another way
-        tools = body.get("tools")
-        text = tok.render_chat(messages, tools if isinstance(tools, list) and tools else None,
-                               not bool(body.get("continue_final_message")), chat_template_kwargs_for(body),
-                               max_tokens=self.fleet.max_model_len())
-        return early.start(text)
+        return early.start(self._render(tok, request))
 
     async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
         client = self._any_client()

@@ -10,20 +10,30 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from litellm_kv.config import Settings
 from litellm_kv.integration.early_tokenize import MAX_BODY_BYTES, MIN_BODY_BYTES, EarlyTokenize
+from litellm_kv.integration.routing_hooks import KVRoutingHandler
+from litellm_kv.routing.group import ChatRequest
 from tests.integration.test_metadata_gate import Recorder
 
 
 class Group:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
-        self.bodies: list[Mapping[str, Any]] = []
+        self.requests: list[ChatRequest] = []
 
-    def tokenize_early(self, body: Mapping[str, Any]) -> int:
+    def tokenize_early(self, request: ChatRequest) -> int:
         if self.fail:
             raise RuntimeError("template failed")
-        self.bodies.append(body)
+        self.requests.append(request)
         return 1
+
+
+def kv(groups: Mapping[str, Any]) -> KVRoutingHandler:
+    """A real KV routing handler (no config) whose started groups are ``groups``."""
+    handler = KVRoutingHandler(Settings())
+    handler.groups = dict(groups)
+    return handler
 
 
 def body(model: str = "kv", chars: int = 2 * MIN_BODY_BYTES) -> bytes:
@@ -54,17 +64,17 @@ def call(wrapper: EarlyTokenize, raw: bytes, path: str = "/v1/chat/completions",
 
 def test_a_long_chat_body_with_a_key_goes_to_its_group_and_on_to_the_app_unchanged() -> None:
     app, group = Recorder(), Group()
-    wrapper = EarlyTokenize(app, lambda: {"kv": group})
+    wrapper = EarlyTokenize(app, lambda: kv({"kv": group}))
     raw = body()
     for path in ("/v1/chat/completions", "/chat/completions", "/openai/deployments/kv/chat/completions"):
         assert call(wrapper, raw, path, chunk=1000) == 200
     assert app.bodies == [raw] * 3
-    assert [b["model"] for b in group.bodies] == ["kv"] * 3
+    assert [r.messages for r in group.requests] == [json.loads(raw)["messages"]] * 3
 
 
 def test_requests_it_does_not_look_at_reach_the_app_untouched() -> None:
     app, group = Recorder(), Group()
-    wrapper = EarlyTokenize(app, lambda: {"kv": group})
+    wrapper = EarlyTokenize(app, lambda: kv({"kv": group}))
     raw, short = body(), body(chars=10)
     cases = [
         dict(raw=raw, headers={"content-length": str(len(raw))}),  # no API key
@@ -79,16 +89,16 @@ def test_requests_it_does_not_look_at_reach_the_app_untouched() -> None:
     ]
     for case in cases:
         assert call(wrapper, **case) == 200  # type: ignore[arg-type]
-    assert group.bodies == []
+    assert group.requests == []
     assert len(app.bodies) == len(cases) and app.bodies[0] == raw
 
 
 def test_every_failure_stays_its_own() -> None:
     app = Recorder()
     raw = body()
-    for wrapper in (EarlyTokenize(app, lambda: {"kv": Group(fail=True)}),  # the group raises
+    for wrapper in (EarlyTokenize(app, lambda: kv({"kv": Group(fail=True)})),  # the group raises
                     EarlyTokenize(app, lambda: 1 / 0),  # type: ignore[arg-type,return-value]
-                    EarlyTokenize(app, lambda: {"kv": Group()})):
+                    EarlyTokenize(app, lambda: kv({"kv": Group()}))):
         bad = b"{not json" + b" " * MIN_BODY_BYTES
         assert call(wrapper, raw) == 200
         assert call(wrapper, bad) == 200
@@ -97,8 +107,8 @@ def test_every_failure_stays_its_own() -> None:
 
 def test_a_client_gone_before_its_body_ends_is_passed_on_as_it_came() -> None:
     app, group = Recorder(), Group()
-    wrapper = EarlyTokenize(app, lambda: {"kv": group})
+    wrapper = EarlyTokenize(app, lambda: kv({"kv": group}))
     raw = body()
     # The recording app sees the first chunk, then the disconnect (it stops at the first message without more_body).
     assert call(wrapper, raw, chunk=1000, disconnect=True) == 200
-    assert app.bodies == [raw[:1000]] and group.bodies == []
+    assert app.bodies == [raw[:1000]] and group.requests == []
