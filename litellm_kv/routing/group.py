@@ -148,7 +148,7 @@ class KVGroup:
         self.fleet.on_timings = self._timings
         model = CostModel(cost_cfg, ttft=ttft_cfg if options.cost_model == "ttft" else None)
         self.router = KVRouter(name, index, model, SiblingIndex(sib.ttl_s, sib.max_entries), backend=backend,
-                               rates=self.rates)
+                               rates=self.rates, followed=not options.shadow)
         self.fleet.on_purge = self.router.siblings.forget
         self.load: LoadTracker
         if embedded:

@@ -142,8 +142,11 @@ class KVRouter:
     """Decides among the replicas of one model group."""
 
     def __init__(self, group: str, index: KVIndex, cost: CostModel, siblings: SiblingIndex,
-                 backend: str = "memory", rates: RateBook | None = None) -> None:
+                 backend: str = "memory", rates: RateBook | None = None, *, followed: bool = True) -> None:
+        """``followed``: the requests go where the decision says. False in shadow mode (LiteLLM routes): a
+        decision then records no sibling prediction, since its blocks will be computed elsewhere."""
         self.group = group
+        self.followed = followed
         self.index = index
         self.cost = cost
         self.siblings = siblings
@@ -213,7 +216,7 @@ class KVRouter:
             self.last_ttft = d.ttft_s
             for r, t in d.ttft_s.items():
                 PREDICTED_TTFT.labels(self.group, r).set(t)
-        if hashes:
+        if hashes and self.followed:
             self.siblings.record(d.replica, hashes)
         DECISIONS.labels(self.group, d.reason).inc()
         if d.slo_met is False:

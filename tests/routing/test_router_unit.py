@@ -127,6 +127,37 @@ def test_the_prefix_hold_keeps_a_shared_prompt_at_its_holder_and_is_counted() ->
     assert PREFIX_HOLD.labels(G, "hot")._value.get() == hot + 1
 
 
+def test_a_shadow_decision_records_no_sibling_prediction() -> None:
+    """Shadow mode: LiteLLM routes, so the blocks of a request are computed where LiteLLM sent it, not where the
+    decision would have. Were the decision recorded as a sibling prediction, the next decision would credit the
+    would-have replica with blocks it never receives, prefer it over the one that holds them (here slightly
+    busier), and the trial would report nothing would have been cached."""
+    def run(followed: bool) -> RoutingResult:
+        index = InMemoryIndex()
+        router = KVRouter(G, index, CostModel(seed=1), SiblingIndex(), followed=followed)
+        first = _decide(router, RoutingRequest(TOKENS))
+        litellms = next(r for r in R if r != first.replica)  # LiteLLM sent it to the other replica
+        _store(index, litellms, HASHER.wire_hashes(TOKENS))
+
+        async def loads() -> dict[str, TrackedLoad]:
+            return {litellms: TrackedLoad(decode=1)}
+
+        return asyncio.run(router.decide(RoutingRequest(TOKENS), HASHER, R, loads, {}))
+
+    followed = run(followed=True)  # a routing decision: its replica is about to hold the blocks too
+    assert followed.predicted_hit_tokens == 0 and followed.expected_hit_tokens == 12 * 16
+    shadow = run(followed=False)
+    assert shadow.predicted_hit_tokens == 12 * 16 and shadow.reason == "cache"
+
+
+def test_a_shadow_group_s_router_is_not_followed() -> None:
+    from litellm_kv.routing.options import KVRoutingSettings
+
+    for shadow in (False, True):
+        g = KVGroup(G, KVRoutingSettings(shadow=shadow), InMemoryIndex(), None, True, "memory")
+        assert g.router.followed is not shadow
+
+
 def test_index_failure_is_a_load_only_choice() -> None:
     class Down(InMemoryIndex):
         async def lookup(self, group: str, block_hashes: Sequence[int],
