@@ -4,14 +4,15 @@ In the simulator's ``agent-fanout`` workload (docs/benchmarks.md) every request 
 litellm-kv and SGLang ``cache_aware``, so goodput there is the number of requests divided by the time from the
 first arrival to the last completion: the makespan decides the cell. Both routers place the tasks (identical
 8,000-token contexts with eight sub-calls each) evenly over the four replicas and keep every sub-call with its
-context. They differ in how they break ties between equally loaded replicas: litellm-kv takes the replica sent
-the least work recently, a fixed rotation; SGLang takes the smallest tree and picks among equal ones at random.
+context: litellm-kv on the replica sent the least work recently, SGLang on the smallest tree. Both break ties
+between equal replicas in a fixed order, SGLang in its hash map's (the simulator's model of SGLang drew them at
+random before 2026-12-07, and that lottery, not the routing, decided the cells whose last task ends a round).
 
 This script runs the fan-out cells for several task counts (the cell itself has 40) and prints, per count and
-load, litellm-kv's goodput and SGLang's with its ties broken in a fixed order (the lowest replica index: the same
-routing with no lottery) as ratios to the better of SGLang and Dynamo, goodput averaged over the seeds as
-``scan_cost_settings.py`` does, then each router's TTFT p50 and p99 and mean end-to-end latency (means over the
-seeds). With ``--plot`` it draws the ratios against the task count.
+load, litellm-kv's goodput and that of SGLang with its ties drawn at random (the earlier model) as ratios to
+the better of SGLang and Dynamo, goodput averaged over the seeds as ``scan_cost_settings.py`` does, then each
+router's TTFT p50 and p99 and mean end-to-end latency (means over the seeds). With ``--plot`` it draws the
+ratios against the task count.
 
     .venv/bin/python benchmarks/fanout_task_count.py [--tasks 36-44] [--speeds 1,2,3] [--seeds 0-11] \\
         [--json PATH] [--plot PNG]
@@ -24,15 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from _typeshed import SupportsLenAndGetItem
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,30 +40,16 @@ from litellm_kv.simulator.simulation import SimSettings, Simulation
 from litellm_kv.simulator.strategies import STRATEGIES
 from litellm_kv.simulator.workload import agent_fanout, scale_rate
 
-T = TypeVar("T")
 REPLICAS = 4
 BLOCK_SIZE = 64
 SLO_TTFT_S, SLO_ITL_S = 2.0, 0.1  # the sweeps' SLO (scan_cost_settings.py)
-
-
-class _FirstOfTies(random.Random):
-    """A random source whose ``choice`` takes the first candidate: SGLang's ties broken by replica index."""
-
-    def choice(self, seq: SupportsLenAndGetItem[T]) -> T:
-        return seq[0]
-
-
-def _sglang_fixed_ties(seed: int) -> Strategy:
-    strategy = STRATEGIES["sglang-cache-aware"](seed=seed)
-    strategy.rng = _FirstOfTies()  # type: ignore[attr-defined]
-    return strategy
 
 
 ROUTERS: dict[str, Callable[[int], Strategy]] = {
     "sglang-cache-aware": lambda seed: STRATEGIES["sglang-cache-aware"](seed=seed),
     "dynamo": lambda seed: STRATEGIES["dynamo"](seed=seed),
     "litellm-kv": lambda seed: STRATEGIES["litellm-kv"](seed=seed),
-    "sglang-fixed-ties": _sglang_fixed_ties,
+    "sglang-random-ties": lambda seed: STRATEGIES["sglang-cache-aware"](seed=seed, random_ties=True),
 }
 
 
@@ -106,7 +89,7 @@ def cell(tasks: int, speed: float, seeds: Sequence[int]) -> dict[str, Any]:
         "tasks": tasks, "speed": speed, "seeds": list(seeds),
         "litellm_kv_ratio": mean("litellm-kv", "goodput_rps") / best,
         "litellm_kv_ratio_per_seed": per_seed,
-        "sglang_fixed_ties_ratio": mean("sglang-fixed-ties", "goodput_rps") / best,
+        "sglang_random_ties_ratio": mean("sglang-random-ties", "goodput_rps") / best,
         "slo_attainment": {n: mean(n, "slo_attainment") for n in ("litellm-kv", "sglang-cache-aware")},
         "ttft_p50_s": {n: mean(n, "ttft_p50_s") for n in ("litellm-kv", "sglang-cache-aware")},
         "ttft_p99_s": {n: mean(n, "ttft_p99_s") for n in ("litellm-kv", "sglang-cache-aware")},
@@ -126,12 +109,12 @@ def _plot(rows: list[dict[str, Any]], speeds: Sequence[float], path: str) -> Non
         colour = f"C{i}"
         ax.plot([r["tasks"] for r in mine], [r["litellm_kv_ratio"] for r in mine], "o-", color=colour,
                 label=f"litellm-kv, load ×{speed:g}")
-        ax.plot([r["tasks"] for r in mine], [r["sglang_fixed_ties_ratio"] for r in mine], "x--", color=colour,
-                alpha=0.6, label=f"SGLang, ties in a fixed order, ×{speed:g}")
+        ax.plot([r["tasks"] for r in mine], [r["sglang_random_ties_ratio"] for r in mine], "x--", color=colour,
+                alpha=0.6, label=f"SGLang, ties drawn at random, ×{speed:g}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel(f"tasks in the workload (8 sub-calls each, {REPLICAS} replicas; the sweep's cell has 40)")
     ax.set_ylabel("goodput / better of SGLang and Dynamo")
-    ax.set_title("agent fan-out: the gap follows the task count modulo the fleet size")
+    ax.set_title("agent fan-out: SGLang's ties drawn at random win the runs that end a round")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -152,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--tasks, --speeds and --seeds need at least one value each; tasks >= 1, speeds > 0")
     print(f"{len(counts)} task counts × {len(speeds)} loads × {len(seeds)} seeds × {len(ROUTERS)} routers; "
           f"ratios to the better of SGLang and Dynamo (goodput averaged over the seeds)", flush=True)
-    print("tasks  load  litellm-kv (seeds min-max)  SGLang fixed ties | TTFT p50 kv/SGLang  p99 kv/SGLang  "
+    print("tasks  load  litellm-kv (seeds min-max) SGLang random ties | TTFT p50 kv/SGLang  p99 kv/SGLang  "
           "e2e mean kv/SGLang (s)", flush=True)
     rows = []
     for speed in speeds:
@@ -162,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = min(row["litellm_kv_ratio_per_seed"]), max(row["litellm_kv_ratio_per_seed"])
             t50, t99, e2e = row["ttft_p50_s"], row["ttft_p99_s"], row["e2e_mean_s"]
             print(f"{tasks:5d}  ×{speed:<3g} {row['litellm_kv_ratio']:7.3f} ({lo:.3f}-{hi:.3f})"
-                  f"        {row['sglang_fixed_ties_ratio']:7.3f}      | {t50['litellm-kv']:.3f}/"
+                  f"        {row['sglang_random_ties_ratio']:7.3f}      | {t50['litellm-kv']:.3f}/"
                   f"{t50['sglang-cache-aware']:.3f}       {t99['litellm-kv']:.3f}/{t99['sglang-cache-aware']:.3f}"
                   f"    {e2e['litellm-kv']:.2f}/{e2e['sglang-cache-aware']:.2f}", flush=True)
     for speed in speeds:
         mine = [r["litellm_kv_ratio"] for r in rows if r["speed"] == speed]
-        fixed = [r["sglang_fixed_ties_ratio"] for r in rows if r["speed"] == speed]
+        drawn = [r["sglang_random_ties_ratio"] for r in rows if r["speed"] == speed]
         print(f"load ×{speed:g}: litellm-kv mean over the task counts {statistics.fmean(mine):.3f} "
-              f"(min {min(mine):.3f}, max {max(mine):.3f}); SGLang with fixed ties {statistics.fmean(fixed):.3f}")
+              f"(min {min(mine):.3f}, max {max(mine):.3f}); SGLang with random ties {statistics.fmean(drawn):.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.plot:

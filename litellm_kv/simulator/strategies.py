@@ -176,14 +176,24 @@ class SGLangCacheAware(BaseStrategy):
     """SGLang model gateway ``cache_aware``: an approximate tree per replica of what was sent
     there (LRU-trimmed to ``max_tree_tokens`` every ``eviction_interval_s``); shortest queue
     when loads are imbalanced (max−min > 64 and max > 1.5·min in-flight requests); else the
-    best match if its match rate exceeds ``cache_threshold``; else the smallest tree."""
+    best match if its match rate exceeds ``cache_threshold``; else the smallest tree.
+
+    Ties are broken as SGLang's router breaks them, in orders that are fixed, not drawn per request:
+    the shortest queue is the first worker in its list with the fewest requests; the smallest tree
+    is the first in the iteration order of its tenant-size hash map (fixed for a process: a
+    permutation drawn once per run here); the best match is the first tenant in the hash map of
+    the tree node where the match ends (fixed per node: here per deepest matched block).
+    ``random_ties``: each tie drawn at random instead (this model before 2026-12-07)."""
 
     name = "sglang-cache-aware"
 
     def __init__(self, seed: int = 0, cache_threshold: float = 0.5, balance_abs: int = 64,
                  balance_rel: float = 1.5, max_tree_tokens: int = 2**24 // 4,
-                 eviction_interval_s: float = 120.0) -> None:
+                 eviction_interval_s: float = 120.0, random_ties: bool = False) -> None:
         super().__init__(seed)
+        self.random_ties = random_ties
+        self._rank: list[int] = []  # each replica's place in the tenant-size map's iteration order
+        self._salt = 0  # the per-node tenant orders
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
@@ -195,6 +205,10 @@ class SGLangCacheAware(BaseStrategy):
     async def start(self, replicas: list[str], block_size: int, clock: Callable[[], float]) -> None:
         await super().start(replicas, block_size, clock)
         self._trees = [OrderedDict() for _ in replicas]
+        order = list(range(len(replicas)))
+        self.rng.shuffle(order)
+        self._rank = [order.index(i) for i in range(len(replicas))]
+        self._salt = self.rng.getrandbits(64)
 
     def pick(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         now = self.clock()
@@ -206,7 +220,7 @@ class SGLangCacheAware(BaseStrategy):
                     tree.popitem(last=False)
         hi, lo = max(self.inflight), min(self.inflight)
         if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            idx = self.least_inflight()
+            idx = self.least_inflight() if self.random_ties else self.inflight.index(lo)
         else:
             matches = []
             for tree in self._trees:
@@ -219,11 +233,15 @@ class SGLangCacheAware(BaseStrategy):
             best = max(matches)
             rate = best / max(1, len(req.blocks))
             if best and rate > self.cache_threshold:
-                idx = self.rng.choice([i for i, m in enumerate(matches) if m == best])
+                tied = [i for i, m in enumerate(matches) if m == best]
+                node = req.blocks[best - 1]
+                idx = (self.rng.choice(tied) if self.random_ties
+                       else min(tied, key=lambda i: hash((self._salt, node, i))))
             else:
                 sizes = [len(t) for t in self._trees]
                 small = min(sizes)
-                idx = self.rng.choice([i for i, s in enumerate(sizes) if s == small])
+                tied = [i for i, s in enumerate(sizes) if s == small]
+                idx = self.rng.choice(tied) if self.random_ties else min(tied, key=self._rank.__getitem__)
         tree = self._trees[idx]
         for b in req.blocks:
             tree[b] = None

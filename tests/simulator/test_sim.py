@@ -188,3 +188,35 @@ def test_a_strategy_started_again_runs_as_a_fresh_one() -> None:
     assert sum(used.reasons.values()) == len(reqs)
     assert (again.hit_ratio, again.goodput_rps, again.ttft_p50_s) == (fresh.hit_ratio, fresh.goodput_rps,
                                                                         fresh.ttft_p50_s)
+
+
+def test_the_sglang_model_breaks_ties_in_fixed_orders_as_its_router_does() -> None:
+    """SGLang's ``cache_aware`` takes the first worker with the fewest requests, the first smallest tree in its hash
+    map's order, and the first tenant of the node where the match ends: orders fixed within a run. The model drew
+    each tie at random before (``random_ties``), which gave SGLang a lottery its router does not have."""
+    from litellm_kv.simulator.strategies import SGLangCacheAware
+    from litellm_kv.simulator.workload import SimRequest
+
+    def request(rid: int, blocks: list[int]) -> SimRequest:
+        return SimRequest(rid, 0.0, 64 * len(blocks) + 10, 4, blocks)
+
+    def run(strategy: SGLangCacheAware) -> tuple[list[int], list[int], int]:
+        asyncio.run(strategy.start([f"r{i}" for i in range(4)], 64, lambda: 0.0))
+        # Four new prompts of the same size: each lands on an empty tree, the next one on the emptiest left.
+        new = [strategy.pick(request(i, [100 * i + 1, 100 * i + 2]), [])[0] for i in range(4)]
+        # A shared prompt that every tree holds, asked again and again: a tie of best matches each time.
+        for tree in strategy._trees:
+            tree.update(dict.fromkeys([7, 8]))
+        again = [strategy.pick(request(10 + i, [7, 8]), [])[0] for i in range(6)]
+        strategy.inflight = [100, 0, 0, 200]  # imbalanced: the shortest queue, first in the list
+        return new, again, strategy.pick(request(20, [55]), [])[0]
+
+    for seed in range(4):
+        new, again, shortest = run(SGLangCacheAware(seed=seed))
+        assert sorted(new) == [0, 1, 2, 3]  # the smallest-tree rule spreads equal prompts
+        assert len(set(again)) == 1, again  # one node, one first tenant
+        assert shortest == 1
+    orders = {tuple(run(SGLangCacheAware(seed=seed))[0]) for seed in range(8)}
+    assert len(orders) > 1  # the map's order is the process's: it differs between runs
+    drawn = [run(SGLangCacheAware(seed=seed, random_ties=True))[1] for seed in range(4)]
+    assert any(len(set(a)) > 1 for a in drawn)  # the earlier model spread the repeated prompt at random
