@@ -205,10 +205,11 @@ class SGLangCacheAware(BaseStrategy):
     async def start(self, replicas: list[str], block_size: int, clock: Callable[[], float]) -> None:
         await super().start(replicas, block_size, clock)
         self._trees = [OrderedDict() for _ in replicas]
-        order = list(range(len(replicas)))
-        self.rng.shuffle(order)
-        self._rank = [order.index(i) for i in range(len(replicas))]
-        self._salt = self.rng.getrandbits(64)
+        if not self.random_ties:  # (the earlier model's random draws stay as they were)
+            order = list(range(len(replicas)))
+            self.rng.shuffle(order)
+            self._rank = [order.index(i) for i in range(len(replicas))]
+            self._salt = self.rng.getrandbits(64)
 
     def pick(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         now = self.clock()
