@@ -211,6 +211,10 @@ class SGLangCacheAware(BaseStrategy):
             self._rank = [order.index(i) for i in range(len(replicas))]
             self._salt = self.rng.getrandbits(64)
 
+    def _break_tie(self, tied: list[int], order: Callable[[int], int]) -> int:
+        """The first of ``tied`` in ``order``, as SGLang takes it; with ``random_ties`` a draw (the earlier model)."""
+        return self.rng.choice(tied) if self.random_ties else min(tied, key=order)
+
     def pick(self, req: SimRequest, gauges: Sequence[Gauges]) -> tuple[int, int]:
         now = self.clock()
         if now >= self._next_evict:
@@ -221,7 +225,7 @@ class SGLangCacheAware(BaseStrategy):
                     tree.popitem(last=False)
         hi, lo = max(self.inflight), min(self.inflight)
         if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            idx = self.least_inflight() if self.random_ties else self.inflight.index(lo)
+            idx = self._break_tie([i for i, v in enumerate(self.inflight) if v == lo], int)  # the list's order
         else:
             matches = []
             for tree in self._trees:
@@ -234,15 +238,13 @@ class SGLangCacheAware(BaseStrategy):
             best = max(matches)
             rate = best / max(1, len(req.blocks))
             if best and rate > self.cache_threshold:
-                tied = [i for i, m in enumerate(matches) if m == best]
                 node = req.blocks[best - 1]
-                idx = (self.rng.choice(tied) if self.random_ties
-                       else min(tied, key=lambda i: hash((self._salt, node, i))))
+                idx = self._break_tie([i for i, m in enumerate(matches) if m == best],
+                                      lambda i: hash((self._salt, node, i)))
             else:
                 sizes = [len(t) for t in self._trees]
                 small = min(sizes)
-                tied = [i for i, s in enumerate(sizes) if s == small]
-                idx = self.rng.choice(tied) if self.random_ties else min(tied, key=self._rank.__getitem__)
+                idx = self._break_tie([i for i, s in enumerate(sizes) if s == small], self._rank.__getitem__)
         tree = self._trees[idx]
         for b in req.blocks:
             tree[b] = None
