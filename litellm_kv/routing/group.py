@@ -14,6 +14,7 @@ request into a :class:`ChatRequest`, hands in the router's deployment list, and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -26,6 +27,7 @@ from litellm_kv.index.base import KVIndex
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.redis_client import GuardLimits, RedisGuard, RedisTarget, RedisUse, connect
 from litellm_kv.routing.cost import CostModel, CostSettings
+from litellm_kv.routing.early_lookup import EarlyAnswer, EarlyLookups
 from litellm_kv.routing.early_tokens import EarlyTokens
 from litellm_kv.routing.fleet import Fleet
 from litellm_kv.routing.load import InMemoryLoadTracker, LoadSettings, LoadTracker, RedisLoadTracker, TrackedLoad
@@ -35,7 +37,7 @@ from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.routing.ttft import EngineTimings, PredictionErrors, RateBook, TtftSettings
 from litellm_kv.tasks import cancel_and_wait, spawn_held
 from litellm_kv.vllm.engine import EngineClient
-from litellm_kv.vllm.hashing import MMFeature
+from litellm_kv.vllm.hashing import InexactHashError, MMFeature
 from litellm_kv.vllm.multimodal import (
     IdentifierUnavailable,
     ImageExpansionError,
@@ -119,6 +121,10 @@ class ChatRequest:
     mm_processor_kwargs: Mapping[str, Any] | None = None  # as the engine gets them (they key its identifiers)
 
 
+def _raw_reply(reply: Any) -> Any:
+    return reply
+
+
 def _no_members() -> list[dict[str, Any]]:
     return []
 
@@ -165,6 +171,8 @@ class KVGroup:
         self._tasks: list[asyncio.Task[None]] = []
         self.tokenizer: LocalChatTokenizer | None = None
         self.early: EarlyTokens | None = None  # the verified tokenizer's segments encoded before the decision
+        self.lookups: EarlyLookups | None = None  # shared mode: round trips made before the decision
+        self.litellm_model = ""  # the first deployment's LiteLLM model (what the early lookup hashes an adapter by)
         self.tokenizer_state = "engine"
         self.verify_pending = False  # verification of the local tokenizer could not run yet: retried
         self._candidate_tokenizer: LocalChatTokenizer | None = None
@@ -223,6 +231,8 @@ class KVGroup:
             await self.fleet.sync(deployments)
             self.rates.forget(self.fleet.replicas)
             self.deployment_ids = ids
+            first = deployments[0] if deployments else {}
+            self.litellm_model = str((first.get("litellm_params") or {}).get("model", ""))
             if self.tokenizer is None and self.options.tokenizer != "engine" and self.options.tokenizer_path:
                 await self._verify_local_tokenizer()
 
@@ -265,6 +275,8 @@ class KVGroup:
                 self.tokenizer = tok
                 if self.options.early_tokenize_chars > 0:
                     self.early = EarlyTokens(self.name, tok, self.options.early_tokenize_chars)
+                    if self.options.early_lookup_max_age_ms > 0 and isinstance(self.load, RedisLoadTracker):
+                        self.lookups = EarlyLookups(self.name, self.options.early_lookup_max_age_ms / 1000)
                 self.tokenizer_state = f"local (verified, {fmt} content, fast BPE {tok.fast_bpe_state})"
                 log.info("litellm-kv: %s tokenizes locally (verified against /tokenize; fast BPE %s)",
                          self.name, tok.fast_bpe_state)
@@ -277,9 +289,11 @@ class KVGroup:
         ready = [st for st in self.fleet.replicas.values() if st.ready]
         return random.choice(ready).client if ready else None
 
-    async def tokens(self, request: ChatRequest, *, images: bool = False) -> tuple[list[int], str]:
-        """Prompt token ids of a chat request, and which path produced them. ``images``: rendered with each
-        image's placeholder token (not yet expanded), for a request whose images are hashed."""
+    async def tokens(self, request: ChatRequest, *, images: bool = False
+                     ) -> tuple[list[int], str, EarlyAnswer | None]:
+        """Prompt token ids of a chat request, which path produced them, and what the early lookup found for the
+        same text (:meth:`tokenize_early`; None when none was made). ``images``: rendered with each image's
+        placeholder token (not yet expanded), for a request whose images are hashed."""
         messages = list(request.messages or [])
         tools = request.tools
         kwargs = request.chat_template_kwargs
@@ -289,14 +303,16 @@ class KVGroup:
             # a prompt with images without processing them, so only the verified local tokenizer is used.
             if self.tokenizer is None or self.options.tokenizer == "engine":
                 raise _ImagesNeedLocal("image requests need the verified local tokenizer")
-            return await self._encode(self._render(self.tokenizer, request, "openai")), "local"
+            return await self._encode(self._render(self.tokenizer, request, "openai")), "local", None
         if self.tokenizer is not None and self.options.tokenizer != "engine":
             try:
-                ids = await self._encode(self._render(self.tokenizer, request))
+                text = self._render(self.tokenizer, request)
+                early = await self._early_answer(text)
+                ids = early.ids if early is not None else await self._encode(text)
                 self.requests += 1
                 if self.options.verify_every and self.requests % self.options.verify_every == 0:
                     spawn_held(self._spot_checks, self._spot_check(messages, tools, add_gen, kwargs, ids))
-                return ids, "local"
+                return ids, "local", early
             except TemplateError:
                 pass
         client = self._any_client()
@@ -304,7 +320,7 @@ class KVGroup:
             raise RuntimeError("no ready replica to tokenize with")
         ids = await client.tokenize_chat(messages, tools=tools, chat_template_kwargs=kwargs or None,
                                          add_generation_prompt=add_gen)
-        return list(ids), "engine"
+        return list(ids), "engine", None
 
     async def _encode(self, text: str) -> list[int]:
         """The local tokenizer's ids for a rendered prompt: the segments encoded early (:meth:`tokenize_early`)
@@ -326,14 +342,68 @@ class KVGroup:
 
     def tokenize_early(self, request: ChatRequest) -> int:
         """A chat request just arrived, before LiteLLM's authentication and hooks: queue the long segments of its
-        prompt, as :meth:`tokens` will render it, for the early encoder (:mod:`litellm_kv.routing.early_tokens`).
-        The number of segments queued; 0 for anything but a text chat request this group tokenizes locally.
-        Nothing here is trusted: the decision uses a segment's ids only for the very text it renders itself."""
+        prompt, as :meth:`tokens` will render it, for the early encoder (:mod:`litellm_kv.routing.early_tokens`),
+        and in shared mode start its index round trip (:mod:`litellm_kv.routing.early_lookup`). The number of
+        segments queued; 0 for anything but a text chat request this group tokenizes locally. Nothing here is
+        trusted: the decision uses a segment's ids only for the very text it renders itself, and a round trip's
+        answer only for the very hashing inputs it finds itself."""
         early, tok = self.early, self.tokenizer
         if (early is None or tok is None or self.options.tokenizer == "engine" or request.messages is None
                 or request.has_unhashable_media or request.images):
             return 0  # media: the decision renders those another way
-        return early.start(self._render(tok, request))
+        text = self._render(tok, request)
+        started = early.start(text)
+        if self.lookups is not None and not request.skip_prefix_cache:
+            self.lookups.start(text, lambda: self._look_up_early(text, request.cache_salt))
+        return started
+
+    async def _look_up_early(self, text: str, cache_salt: str | None) -> EarlyAnswer | None:
+        """The early task of :meth:`tokenize_early`: ``text``'s ids as the decision would take them, and its round
+        trip when the group can hash them exactly now. None when the text could not be encoded."""
+        try:
+            ids = await self._encode(text)
+        except Exception as exc:
+            log.debug("litellm-kv: %s: early lookup: encode failed: %s", self.name, exc)
+            return None
+        answer = EarlyAnswer(ids)
+        hasher = self.fleet.hasher()
+        limit = self.fleet.max_model_len()
+        if hasher is None or not isinstance(self.load, RedisLoadTracker) or (limit and len(ids) > limit):
+            return answer
+        lora, unknown = self.fleet.adapter(self.litellm_model) if self.litellm_model else (None, "")
+        if unknown:
+            return answer
+        try:
+            hashes = hasher.wire_hashes(ids, lora, (), cache_salt)
+        except InexactHashError:
+            return answer
+        if not hashes:
+            return answer
+        # The load's raw reply: the decision merges it with this proxy's own counts of that moment.
+        rider = dataclasses.replace(self.load.snapshot_rider(self.name, ()), decode=_raw_reply)
+        try:
+            matches, reply = await self.router.look_up_early(hashes, rider)
+        except Exception as exc:
+            log.debug("litellm-kv: %s: early lookup failed: %s: %s", self.name, type(exc).__name__, exc)
+            answer.failed = True
+            return answer
+        answer.hasher, answer.lora, answer.cache_salt, answer.hashes = hasher, lora, cache_salt, hashes
+        answer.matches, answer.load_reply, answer.at = matches, reply, time.monotonic()
+        return answer
+
+    async def _early_answer(self, text: str) -> EarlyAnswer | None:
+        """What the early task found for ``text`` (waited for if it still runs), or None."""
+        task = self.lookups.take(text) if self.lookups is not None else None
+        if task is None or task.cancelled():
+            return None
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the task, not this decision, was cancelled (the loop is closing)
+                return None
+            raise
+        except Exception:
+            return None
 
     async def _spot_check(self, messages: Any, tools: Any, add_gen: bool, kwargs: Any, ids: list[int]) -> None:
         client = self._any_client()
@@ -350,6 +420,9 @@ class KVGroup:
             if self.early is not None:
                 self.early.clear()
                 self.early = None
+            if self.lookups is not None:
+                self.lookups.clear()
+                self.lookups = None
             self.tokenizer_state = "engine (local tokenizer disagreed with /tokenize on a live request)"
             log.error("litellm-kv: %s: %s", self.name, self.tokenizer_state)
 
@@ -369,6 +442,7 @@ class KVGroup:
         :meth:`KVRouter.decide`)."""
         candidates = list(candidates)
         path = "none"
+        early: EarlyAnswer | None = None
         features: tuple[MMFeature, ...] = ()
         why = ""
         if request.images and not request.has_unhashable_media and self.image_routing_off:
@@ -379,11 +453,11 @@ class KVGroup:
                 raise RuntimeError("not a chat request")
             t0 = time.perf_counter()
             try:
-                tokens, path = await self.tokens(request, images=with_images)
+                tokens, path, early = await self.tokens(request, images=with_images)
             except _ImagesNeedLocal:
                 # Routed by load; the text's tokens still size the request's load.
                 with_images, why = False, "multimodal"
-                tokens, path = await self.tokens(request)
+                tokens, path, early = await self.tokens(request)
             STAGE_SECONDS.labels(self.name, "tokenize").observe(time.perf_counter() - t0)
         except PromptTooLong as exc:
             log.debug("litellm-kv: %s: routed by load: %s", self.name, exc)
@@ -420,7 +494,8 @@ class KVGroup:
         }
         rider = self.load.snapshot_rider(self.name, candidates) if isinstance(self.load, RedisLoadTracker) else None
         result = await self.router.decide(rreq, self.fleet.hasher(), candidates, lambda: self.read_load(candidates),
-                                          gauges, not_exact_why=why, load_rider=rider)
+                                          gauges, not_exact_why=why, load_rider=rider, early=early,
+                                          early_max_age_s=self.options.early_lookup_max_age_ms / 1000)
         result.tokenizer = path
         if features and result.exact:
             result.visual_tokens = sum(f.length for f in features)

@@ -52,6 +52,14 @@ class KVRoutingSettings:
         "thread, a few segments queued at most. 0: off (the decision encodes the whole prompt itself).",
         default=4096,
     )
+    early_lookup_max_age_ms: float = doc(
+        "Shared mode, with early_tokenize_chars on: as soon as a chat body arrives, also hash its prompt and make "
+        "the decision's round trip to Redis (the index lookup with the load) while LiteLLM authenticates it; the "
+        "decision takes that answer when its own hashing inputs are the same and the answer is at most this old, "
+        "and looks up again otherwise. What the answer can miss is what other processes wrote meanwhile (KV events, "
+        "other proxies' load), by at most this age (docs/performance.md). 0: off.",
+        default=50.0,
+    )
     verify_every: int = doc(
         "With a local tokenizer, compare its tokens with the engine's /tokenize on 1 request in N "
         "(in the background). A mismatch switches the group to the engine path. 0 disables sampling.",
@@ -162,5 +170,7 @@ class KVRoutingSettings:
             raise ValueError("tokenizer_memo_tokens must be >= 0")
         if self.early_tokenize_chars < 0:
             raise ValueError("early_tokenize_chars must be >= 0 (0: off)")
+        if not 0 <= self.early_lookup_max_age_ms <= 10_000:
+            raise ValueError("early_lookup_max_age_ms must be between 0 (off) and 10000")
         if self.tokenizer == "local" and not self.tokenizer_path:
             raise ValueError("tokenizer: local needs tokenizer_path")

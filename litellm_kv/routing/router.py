@@ -16,6 +16,7 @@ from typing import Any
 from litellm_kv.index.base import KVIndex, ReplicaMatch, RidingLookup, ScriptRider
 from litellm_kv.observability import counter, gauge, histogram
 from litellm_kv.routing.cost import Candidate, CostModel, RoutingDecision
+from litellm_kv.routing.early_lookup import EarlyAnswer
 from litellm_kv.routing.hold import PrefixDemand
 from litellm_kv.routing.load import TrackedLoad
 from litellm_kv.routing.siblings import SiblingIndex
@@ -167,12 +168,15 @@ class KVRouter:
         *,
         not_exact_why: str = "",
         load_rider: ScriptRider[Mapping[str, TrackedLoad]] | None = None,
+        early: EarlyAnswer | None = None,
+        early_max_age_s: float = 0.0,
     ) -> RoutingResult:
         """Choose a replica. ``loads`` is called as late as possible. With ``load_rider`` (shared mode) and
         an index that can carry it (:class:`RidingLookup`), the load is read in the lookup's own round trip
         instead and ``loads`` is not called; when that round trip fails, the rider's fallback value is used
-        (the Redis load tracker's: this proxy's own counts)."""
-        L = len(request.token_ids)
+        (the Redis load tracker's: this proxy's own counts). ``early``: the same round trip made before the
+        routing hook (:mod:`litellm_kv.routing.early_lookup`), taken instead of a new one when it was made for
+        the same hashing inputs at most ``early_max_age_s`` ago."""
         if not candidates:
             raise ValueError("no candidate replicas")
         why = not_exact_why
@@ -185,6 +189,13 @@ class KVRouter:
         if why:
             return self._load_only(request, candidates, await loads(), gauges, why)
         assert hasher is not None
+        if (early is not None and load_rider is not None
+                and early.answers(request.token_ids, hasher, request.lora, request.cache_salt, bool(request.mm),
+                                  early_max_age_s, self.group)):
+            wanted = set(candidates)
+            return self._decide(request, hasher, candidates, gauges, list(early.hashes or ()),
+                                {r: m for r, m in (early.matches or {}).items() if r in wanted},
+                                load_rider.decode(early.load_reply))
         t0 = time.perf_counter()
         try:
             hashes = hasher.wire_hashes(request.token_ids, request.lora, request.mm, request.cache_salt)
@@ -199,6 +210,23 @@ class KVRouter:
             matches, _ = await self._lookup(hashes, candidates)
         if matches is None:
             return self._load_only(request, candidates, load_map, gauges, "index_unavailable")
+        return self._decide(request, hasher, candidates, gauges, hashes, matches, load_map)
+
+    async def look_up_early(self, hashes: list[int], rider: ScriptRider[Any]) -> tuple[dict[str, ReplicaMatch], Any]:
+        """The decision's round trip for every replica of the group, made before the routing hook
+        (:mod:`litellm_kv.routing.early_lookup`); raises when it fails or this index cannot carry the rider."""
+        if self.riding is None:
+            raise TypeError("the index cannot carry the load in its lookup")
+        t0 = time.perf_counter()
+        matches, reply = await self.riding.lookup_riding(self.group, hashes, None, rider)
+        LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
+        return matches, reply
+
+    def _decide(self, request: RoutingRequest, hasher: BlockHasher, candidates: Sequence[str],
+                gauges: dict[str, EngineGauges], hashes: list[int], matches: Mapping[str, ReplicaMatch],
+                load_map: Mapping[str, TrackedLoad]) -> RoutingResult:
+        """The decision once the index and the load are read."""
+        L = len(request.token_ids)
         sib = self.siblings.lookup(hashes) if hashes else {}
         cands = [
             self._candidate(r, matches.get(r, ReplicaMatch()), load_map.get(r), gauges.get(r), sib.get(r, 0))

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.index.test_redis_eviction import cap_memory, fill_until_evicted
-from tests.integration.test_routing_e2e import DEFAULT, KV, _config, _metric, _reset
+from tests.integration.test_routing_e2e import DEFAULT, KV, _chat, _config, _metric, _reset
 from tools.harness.engines import EngineReplica
 from tools.harness.indexer import running_indexer
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxies
@@ -147,6 +147,47 @@ def test_proxies_stop_asking_for_reannouncements_once_the_indexer_follows_every_
     exact = sum(_metric(p, "litellm_kv_prediction_checks_total").get(key, 0) - b.get(key, 0)
                 for p, b in zip(proxies, checks_before, strict=True))
     assert exact == 4
+
+
+def test_a_decision_takes_the_round_trip_made_while_litellm_authenticates(proxies: list[Proxy]) -> None:
+    """``early_lookup_max_age_ms`` (on by default in shared mode): a long prompt's index round trip is made from the
+    body's arrival, the decision takes that answer instead of making its own, and the prediction it routes with is
+    still the engine's (the second request's predicted cached tokens are those the engine reports)."""
+    p = proxies[0]
+    system = " ".join(f"lookup{i} early" for i in range(300))  # ~5K characters, never sent before
+
+    def msgs(turn: int) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": f"turn {turn}"}]
+
+    def predicted() -> dict[str, int]:
+        r = httpx.post(f"{p.url}/litellm-kv/route", json={"model": KV, "messages": msgs(1)}, headers=HEADERS,
+                       timeout=30)
+        r.raise_for_status()
+        return dict(r.json()["hit_tokens"])
+
+    before = _metric(p, "litellm_kv_early_lookups_total")
+    checks = _metric(p, "litellm_kv_prediction_checks_total")
+    r = _chat(p, KV, msgs(0))
+    assert r.status_code == 200, r.text
+    p.proc.wait_until(lambda: bool(predicted()), 15, "the first prompt's blocks in the shared index")
+    r = _chat(p, KV, msgs(1))
+    assert r.status_code == 200, r.text
+    assert int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0) > 0
+    after = _metric(p, "litellm_kv_early_lookups_total")
+    took = {k: after[k] - before.get(k, 0) for k in after if f'model_group="{KV}"' in k and after[k] > before.get(k, 0)}
+    print(f"\nearly lookups: {took}")
+    assert sum(took.values()) == 2, took  # one per request, each taken by its decision
+    used = f'litellm_kv_early_lookups_total{{model_group="{KV}",outcome="used"}}'
+    stale = f'litellm_kv_early_lookups_total{{model_group="{KV}",outcome="stale"}}'
+    assert took.get(used, 0) >= 1 and took.get(used, 0) + took.get(stale, 0) == 2, took  # stale: a slow machine
+    exact = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
+
+    def checked() -> dict[str, float]:
+        now = _metric(p, "litellm_kv_prediction_checks_total")
+        return {k: now[k] - checks.get(k, 0) for k in now if now[k] != checks.get(k, 0)}
+
+    p.proc.wait_until(lambda: sum(checked().values()) >= 2, 10, "both predictions checked")
+    assert checked() == {exact: 2}
 
 
 def test_redis_outage_keeps_requests_flowing(proxies: list[Proxy], redis_srv: RedisServer, indexer: str) -> None:

@@ -299,3 +299,71 @@ async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url:
         await other.close()
         await index.close()
         await client.aclose()
+
+
+async def test_a_shared_decision_takes_the_round_trip_made_before_the_hook(redis_url: Target) -> None:
+    """The early lookup (:mod:`litellm_kv.routing.early_lookup`): the decision takes its index answer and the
+    other proxies' load without a round trip of its own, yet counts what this proxy itself sent since; an answer
+    for other hashing inputs or older than the max age is not taken (the decision looks up again)."""
+    import dataclasses
+    import time
+
+    from litellm_kv.index.base import BlockOp, Tier
+    from litellm_kv.index.redis import RedisIndex
+    from litellm_kv.routing.cost import CostModel
+    from litellm_kv.routing.early_lookup import EARLY_LOOKUPS, EarlyAnswer
+    from litellm_kv.routing.router import KVRouter, RoutingRequest
+    from litellm_kv.routing.siblings import SiblingIndex
+    from litellm_kv.vllm.hashing import BlockHasher
+
+    hasher = BlockHasher("sha256", 16)
+    tokens = list(range(300))
+    hashes = hasher.wire_hashes(tokens)
+    replicas = ["a", "b"]
+    index = RedisIndex(redis_url)
+    client = _client(redis_url)
+    mine = RedisLoadTracker(client, proxy_id="mine")
+    other = RedisLoadTracker(client, proxy_id="other")
+
+    async def no_separate_read() -> dict[str, TrackedLoad]:
+        raise AssertionError("the load must come with the lookup")
+
+    def outcomes() -> dict[str, float]:
+        return {o: EARLY_LOOKUPS.labels("g", o)._value.get() for o in ("used", "stale", "tokens_only")}
+
+    try:
+        await client.flushall()
+        await index.apply("g", "b", [BlockOp(tuple(hashes), Tier.GPU, +1)])
+        await other.begin("g", "a", "o1", 2_000)
+        await other.flush()
+        router = KVRouter("g", index, CostModel(seed=1), SiblingIndex(), backend="redis")
+        rider = dataclasses.replace(mine.snapshot_rider("g", ()), decode=lambda raw: raw)
+        matches, reply = await router.look_up_early(hashes, rider)
+        assert matches["b"].blocks == len(hashes)
+        answer = EarlyAnswer(tokens, hasher, None, None, hashes, matches, reply, time.monotonic())
+
+        # This proxy sends 90K tokens to b after the early round trip: the decision counts them, and goes to a.
+        await mine.begin("g", "b", "m1", 90_000)
+        seen, trips = outcomes(), index.round_trips
+        res = await router.decide(RoutingRequest(tokens), hasher, replicas, no_separate_read, {},
+                                  load_rider=mine.snapshot_rider("g", replicas), early=answer, early_max_age_s=5.0)
+        assert index.round_trips == trips  # no round trip of its own
+        assert outcomes()["used"] == seen["used"] + 1
+        assert res.replica == "a" and res.hit_tokens == {"b": 288}  # b's hit seen; a's queue (2K) is shorter
+        await mine.end("m1")
+
+        # Other hashing inputs, or an answer older than the max age: looked up again.
+        for req, age, outcome, hits in ((RoutingRequest(tokens, cache_salt="s"), 0.0, "tokens_only", {}),
+                                        (RoutingRequest(tokens), 10.0, "stale", {"b": 288})):
+            old = dataclasses.replace(answer, at=time.monotonic() - age)
+            seen, trips = outcomes(), index.round_trips
+            res = await router.decide(req, hasher, replicas, no_separate_read, {},
+                                      load_rider=mine.snapshot_rider("g", replicas), early=old, early_max_age_s=5.0)
+            assert index.round_trips == trips + 1
+            assert outcomes()[outcome] == seen[outcome] + 1, outcome
+            assert res.hit_tokens == hits  # a salted prompt's hashes are other ones: no hit
+    finally:
+        await mine.close()
+        await other.close()
+        await index.close()
+        await client.aclose()
