@@ -37,7 +37,7 @@ from litellm_kv.routing.siblings import SiblingIndex, SiblingSettings
 from litellm_kv.routing.ttft import EngineTimings, PredictionErrors, RateBook, TtftSettings
 from litellm_kv.tasks import cancel_and_wait, spawn_held
 from litellm_kv.vllm.engine import EngineClient
-from litellm_kv.vllm.hashing import InexactHashError, MMFeature
+from litellm_kv.vllm.hashing import MMFeature
 from litellm_kv.vllm.multimodal import (
     IdentifierUnavailable,
     ImageExpansionError,
@@ -375,7 +375,8 @@ class KVGroup:
             return answer
         try:
             hashes = hasher.wire_hashes(ids, lora, (), cache_salt)
-        except InexactHashError:
+        except Exception as exc:  # inexact, or a cache salt no engine would take (the body is not checked yet)
+            log.debug("litellm-kv: %s: early lookup: not hashed: %s: %s", self.name, type(exc).__name__, exc)
             return answer
         if not hashes:
             return answer
