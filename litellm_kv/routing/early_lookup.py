@@ -17,13 +17,13 @@ The decision takes from that task:
   engines' KV events applied by the indexer, and other proxies' published load, by at most that age.
 
 Anything else (another text, other inputs, an answer too old, a failed round trip) and the decision does its own
-lookup, as without this. A request that never reaches the decision leaves an entry that is dropped when newer ones
-come or when it is found too old.
+lookup, as without this. A request that never reaches the decision leaves an entry that newer ones push out.
 
-Bounds: per group at most :data:`MAX_RUNNING` tasks at once (past that, none is started) and
-:data:`MAX_ENTRIES` answers held. The task runs before authentication, so any caller that sends a key header can
-start one: what it costs is the encode the early tokenizer would do anyway, a hash of the prompt and one read-only
-script on Redis, through the same guard (deadline, circuit breaker) as the decision's own.
+Bounds: per group at most :data:`MAX_RUNNING` tasks at once (past that, none is started), and :data:`MAX_ENTRIES`
+answers of :data:`MAX_TOTAL_CHARS` characters of text in all held. The task runs before authentication, so any
+caller that sends a key header can start one: what it costs is the encode the early tokenizer would do anyway, a
+hash of the prompt and one read-only script on Redis, through the same guard (deadline, circuit breaker) as the
+decision's own.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ from litellm_kv.vllm.hashing import BlockHasher
 MAX_RUNNING = 4
 #: Answers held per group, the oldest dropped first.
 MAX_ENTRIES = 16
+#: Characters of rendered prompt text held per group (each answer holds its text and its ids), the oldest dropped
+#: first; a longer text is not looked up early.
+MAX_TOTAL_CHARS = 1 << 21
 
 EARLY_LOOKUPS = counter(
     "early_lookups",
@@ -50,7 +53,7 @@ EARLY_LOOKUPS = counter(
     "and what became of them: 'used' (the decision took the answer), 'tokens_only' (the decision took the tokens "
     "and looked up itself: other hashing inputs, or no round trip was made), 'stale' (older than the max age: "
     "looked up again), 'failed' (the round trip failed: looked up again), 'unused' (dropped before any decision "
-    "rendered its text), 'skipped' (not started: too many running).",
+    "rendered its text), 'skipped' (not started: too many running, or a text longer than the table holds).",
     ["model_group", "outcome"],
 )
 
@@ -94,6 +97,7 @@ class EarlyLookups:
         self.group = group
         self.max_age_s = max_age_s
         self._entries: OrderedDict[str, asyncio.Task[EarlyAnswer | None]] = OrderedDict()
+        self._chars = 0  # characters of the texts held
         # Every task not done yet, held or dropped: a dropped one is left to finish (its round trip is bounded by
         # the Redis guard; cancelling it mid-command would cost the connection), and counts against MAX_RUNNING.
         self._running: set[asyncio.Task[EarlyAnswer | None]] = set()
@@ -105,23 +109,28 @@ class EarlyLookups:
         """Start ``work`` for ``text`` unless one is held for it or too many run; whether one was started."""
         if text in self._entries:
             return False
-        if len(self._running) >= MAX_RUNNING:
+        if len(self._running) >= MAX_RUNNING or len(text) > MAX_TOTAL_CHARS:
             EARLY_LOOKUPS.labels(self.group, "skipped").inc()
             return False
         task = asyncio.get_running_loop().create_task(work())
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         self._entries[text] = task
-        while len(self._entries) > MAX_ENTRIES:
+        self._chars += len(text)
+        while len(self._entries) > MAX_ENTRIES or self._chars > MAX_TOTAL_CHARS:
             self._drop()
         return True
 
     def take(self, text: str) -> asyncio.Task[EarlyAnswer | None] | None:
         """The task started for ``text``, removed from the table; None when there is none."""
-        return self._entries.pop(text, None)
+        task = self._entries.pop(text, None)
+        if task is not None:
+            self._chars -= len(text)
+        return task
 
     def _drop(self) -> None:
-        self._entries.popitem(last=False)
+        text, _ = self._entries.popitem(last=False)
+        self._chars -= len(text)
         EARLY_LOOKUPS.labels(self.group, "unused").inc()
 
     def clear(self) -> None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-from litellm_kv.routing.early_lookup import EARLY_LOOKUPS, MAX_ENTRIES, MAX_RUNNING, EarlyAnswer, EarlyLookups
+from litellm_kv.routing.early_lookup import (
+    EARLY_LOOKUPS,
+    MAX_ENTRIES,
+    MAX_RUNNING,
+    MAX_TOTAL_CHARS,
+    EarlyAnswer,
+    EarlyLookups,
+)
 
 
 def _count(group: str, outcome: str) -> float:
@@ -48,3 +55,21 @@ async def test_the_oldest_answers_are_dropped_past_the_bound() -> None:
     assert table.take("text 0") is None and table.take(f"text {MAX_ENTRIES + 2}") is not None
     table.clear()
     assert len(table) == 0 and _count("held", "unused") == 3 + MAX_ENTRIES - 1
+
+
+async def test_the_text_held_is_bounded() -> None:
+    table = EarlyLookups("chars", 0.05)
+
+    async def quick() -> EarlyAnswer | None:
+        return EarlyAnswer([3])
+
+    assert not table.start("x" * (MAX_TOTAL_CHARS + 1), quick)  # longer than the table holds: not started
+    assert _count("chars", "skipped") == 1
+    third = MAX_TOTAL_CHARS // 3
+    for c in "abcd":
+        assert table.start(c * third, quick)
+        await asyncio.sleep(0)
+    # The fourth third pushed the first out; taking one gives its characters back.
+    assert len(table) == 3 and _count("chars", "unused") == 1 and table.take("a" * third) is None
+    assert table.take("b" * third) is not None
+    assert table.start("e" * third, quick) and len(table) == 3 and _count("chars", "unused") == 1
