@@ -217,9 +217,9 @@ class KVRouter:
         (:mod:`litellm_kv.routing.early_lookup`); raises when it fails or this index cannot carry the rider."""
         if self.riding is None:
             raise TypeError("the index cannot carry the load in its lookup")
-        t0 = time.perf_counter()
-        matches, reply = await self.riding.lookup_riding(self.group, hashes, None, rider)
-        LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
+        matches, reply = await self._lookup(hashes, None, rider)
+        if matches is None:
+            raise RuntimeError("the index round trip failed")
         return matches, reply
 
     def _decide(self, request: RoutingRequest, hasher: BlockHasher, candidates: Sequence[str],
@@ -275,18 +275,20 @@ class KVRouter:
         )
 
     async def _lookup(
-        self, hashes: list[int], candidates: Sequence[str], rider: ScriptRider[Any] | None = None,
+        self, hashes: list[int], candidates: Sequence[str] | None, rider: ScriptRider[Any] | None = None,
     ) -> tuple[dict[str, ReplicaMatch] | None, Any]:
-        """The index's matches, or None when the index cannot answer (the caller routes by load); with a
-        rider (only given when the index is a :class:`RidingLookup`), the rider's value too (None on failure)."""
+        """The index's matches for ``candidates`` (None: every replica), or None when the index cannot answer (the
+        caller routes by load); with a rider (only given when the index is a :class:`RidingLookup`), the rider's
+        value too (None on failure)."""
         if not hashes:
             return {}, None
+        names = list(candidates) if candidates is not None else None
         t0 = time.perf_counter()
         try:
             if rider is not None and self.riding is not None:
-                matches, ridden = await self.riding.lookup_riding(self.group, hashes, list(candidates), rider)
+                matches, ridden = await self.riding.lookup_riding(self.group, hashes, names, rider)
             else:
-                matches, ridden = await self.index.lookup(self.group, hashes, list(candidates)), None
+                matches, ridden = await self.index.lookup(self.group, hashes, names), None
         except Exception:
             return None, None
         LOOKUP_SECONDS.labels(self.group, self.backend).observe(time.perf_counter() - t0)
