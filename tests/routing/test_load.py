@@ -4,7 +4,9 @@ shared tests run over one server, a Redis Cluster of 3 masters + 3 replicas, and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aredis
@@ -255,6 +257,29 @@ def test_load_config_rejects_non_positive_times() -> None:
         parse_section(LoadSettings, {"recent_half_life_s": -1.0}, "kv.load")
 
 
+async def no_separate_read() -> dict[str, TrackedLoad]:
+    raise AssertionError("the load must come with the lookup")
+
+
+@contextlib.asynccontextmanager
+async def _two_proxies(target: Target) -> AsyncIterator[tuple[Any, RedisClient, RedisLoadTracker, RedisLoadTracker]]:
+    """A Redis index and the load trackers of two proxies ("mine" and "other") on one emptied Redis."""
+    from litellm_kv.index.redis import RedisIndex
+
+    index = RedisIndex(target)
+    client = _client(target)
+    mine = RedisLoadTracker(client, proxy_id="mine")
+    other = RedisLoadTracker(client, proxy_id="other")
+    try:
+        await client.flushall()
+        yield index, client, mine, other
+    finally:
+        await mine.close()
+        await other.close()
+        await index.close()
+        await client.aclose()
+
+
 async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url: Target) -> None:
     """KVRouter in shared mode: the load rides along with the lookup (one round trip, no separate
     snapshot), another proxy's load steers the choice, and with Redis unreachable the decision is
@@ -268,16 +293,7 @@ async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url:
     hasher = BlockHasher("sha256", 16)
     tokens = list(range(300))
     replicas = ["a", "b"]
-    index = RedisIndex(redis_url)
-    client = _client(redis_url)
-    mine = RedisLoadTracker(client, proxy_id="mine")
-    other = RedisLoadTracker(client, proxy_id="other")
-
-    async def no_separate_read() -> dict[str, TrackedLoad]:
-        raise AssertionError("the load must come with the lookup")
-
-    try:
-        await client.flushall()
+    async with _two_proxies(redis_url) as (index, _, mine, other):
         await other.begin("g", "a", "o1", 50_000)
         await other.flush()
         router = KVRouter("g", index, CostModel(seed=1), SiblingIndex(), backend="redis")
@@ -294,11 +310,6 @@ async def test_shared_decision_reads_index_and_load_in_one_round_trip(redis_url:
                                   load_rider=mine.snapshot_rider("g", replicas))
         assert res.fallback_why == "index_unavailable" and res.replica == "a"  # away from its own 90K
         await down.close()
-    finally:
-        await mine.close()
-        await other.close()
-        await index.close()
-        await client.aclose()
 
 
 async def test_a_shared_decision_takes_the_round_trip_made_before_the_hook(redis_url: Target) -> None:
@@ -309,7 +320,6 @@ async def test_a_shared_decision_takes_the_round_trip_made_before_the_hook(redis
     import time
 
     from litellm_kv.index.base import BlockOp, Tier
-    from litellm_kv.index.redis import RedisIndex
     from litellm_kv.routing.cost import CostModel
     from litellm_kv.routing.early_lookup import EARLY_LOOKUPS, EarlyAnswer
     from litellm_kv.routing.router import KVRouter, RoutingRequest
@@ -320,19 +330,11 @@ async def test_a_shared_decision_takes_the_round_trip_made_before_the_hook(redis
     tokens = list(range(300))
     hashes = hasher.wire_hashes(tokens)
     replicas = ["a", "b"]
-    index = RedisIndex(redis_url)
-    client = _client(redis_url)
-    mine = RedisLoadTracker(client, proxy_id="mine")
-    other = RedisLoadTracker(client, proxy_id="other")
-
-    async def no_separate_read() -> dict[str, TrackedLoad]:
-        raise AssertionError("the load must come with the lookup")
 
     def outcomes() -> dict[str, float]:
         return {o: EARLY_LOOKUPS.labels("g", o)._value.get() for o in ("used", "stale", "tokens_only")}
 
-    try:
-        await client.flushall()
+    async with _two_proxies(redis_url) as (index, _, mine, other):
         await index.apply("g", "b", [BlockOp(tuple(hashes), Tier.GPU, +1)])
         await other.begin("g", "a", "o1", 2_000)
         await other.flush()
@@ -362,8 +364,3 @@ async def test_a_shared_decision_takes_the_round_trip_made_before_the_hook(redis
             assert index.round_trips == trips + 1
             assert outcomes()[outcome] == seen[outcome] + 1, outcome
             assert res.hit_tokens == hits  # a salted prompt's hashes are other ones: no hit
-    finally:
-        await mine.close()
-        await other.close()
-        await index.close()
-        await client.aclose()
