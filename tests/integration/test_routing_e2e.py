@@ -433,14 +433,20 @@ def test_a_long_prompt_is_encoded_while_litellm_authenticates_it(proxy: Proxy) -
         "model": KV, "max_tokens": 2, "messages": [{"role": "system", "content": system + " anonymous"}]})
     assert r.status_code in (400, 401), r.text
     assert _metric(proxy, "litellm_kv_early_tokenize_segments_total") == after
+    _assert_checked_exact(proxy, checks, 2)
+
+
+def _assert_checked_exact(proxy: Proxy, before: dict[str, float], n: int) -> None:
+    """Wait (10 s at most) until ``n`` predictions of the KV group were checked since ``before`` (the prediction
+    checks metric then), and require every one exact."""
     exact = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
 
     def checked() -> dict[str, float]:
         now = _metric(proxy, "litellm_kv_prediction_checks_total")
-        return {k: now[k] - checks.get(k, 0) for k in now if now[k] != checks.get(k, 0)}
+        return {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
 
-    proxy.proc.wait_until(lambda: sum(checked().values()) >= 2, 10, "both predictions checked")
-    assert checked() == {exact: 2}
+    proxy.proc.wait_until(lambda: sum(checked().values()) >= n, 10, f"{n} predictions checked")
+    assert checked() == {exact: n}
 
 
 def test_shadow_mode_records_but_lets_litellm_route(proxy: Proxy) -> None:

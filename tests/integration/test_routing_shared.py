@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.index.test_redis_eviction import cap_memory, fill_until_evicted
-from tests.integration.test_routing_e2e import DEFAULT, KV, _chat, _config, _metric, _reset
+from tests.integration.test_routing_e2e import DEFAULT, KV, _assert_checked_exact, _chat, _config, _metric, _reset
 from tools.harness.engines import EngineReplica
 from tools.harness.indexer import running_indexer
 from tools.harness.proxy import MASTER_KEY, Proxy, start_proxies
@@ -180,14 +180,7 @@ def test_a_decision_takes_the_round_trip_made_while_litellm_authenticates(proxie
     used = f'litellm_kv_early_lookups_total{{model_group="{KV}",outcome="used"}}'
     stale = f'litellm_kv_early_lookups_total{{model_group="{KV}",outcome="stale"}}'
     assert took.get(used, 0) >= 1 and took.get(used, 0) + took.get(stale, 0) == 2, took  # stale: a slow machine
-    exact = f'litellm_kv_prediction_checks_total{{model_group="{KV}",outcome="exact"}}'
-
-    def checked() -> dict[str, float]:
-        now = _metric(p, "litellm_kv_prediction_checks_total")
-        return {k: now[k] - checks.get(k, 0) for k in now if now[k] != checks.get(k, 0)}
-
-    p.proc.wait_until(lambda: sum(checked().values()) >= 2, 10, "both predictions checked")
-    assert checked() == {exact: 2}
+    _assert_checked_exact(p, checks, 2)
 
 
 def test_redis_outage_keeps_requests_flowing(proxies: list[Proxy], redis_srv: RedisServer, indexer: str) -> None:
